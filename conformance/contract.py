@@ -1,0 +1,159 @@
+"""The Engine contract: the value types every adapter speaks and the one protocol it implements.
+
+Small and black-box first (DESIGN.md "The Engine contract"): an adapter declares what it can do
+(`Capabilities`), runs a batch of `Request`s in a given arrival order and returns one `Result` each,
+flushes its cache, and can produce the plain-greedy `Baseline` the oracle compares against. White-box
+hooks (`snapshot`) are optional and used only when `Capabilities.introspection` says so.
+
+Everything here is frozen and slotted (attrs) so a history can be hashed, compared and replayed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+import attrs
+from attrs import field, frozen
+
+
+def _tuple_of_ints(values: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+@frozen
+class Identity:
+    """Everything the KV of a token depends on besides the tokens before it.
+
+    Two requests may share KV only if their identities are equal *and* their token prefixes are equal.
+    `adapter_digest` is the adapter's weights digest: an adapter reloaded in place under the same name
+    is a different identity (BUG_CLASSES A, "adapter keyed by name not weights").
+    """
+
+    revision: str = "a"
+    adapter: str | None = None
+    adapter_digest: str | None = None
+    salt: str | None = None
+
+    def label(self) -> str:
+        parts = [f"rev={self.revision}"]
+        if self.adapter is not None:
+            parts.append(f"adapter={self.adapter}" + (f"@{self.adapter_digest[:8]}" if self.adapter_digest else ""))
+        if self.salt is not None:
+            parts.append(f"salt={self.salt}")
+        return ",".join(parts)
+
+
+@frozen
+class Request:
+    """One generation request. Greedy decoding is implied: kvparity only checks temperature 0."""
+
+    id: str
+    prompt: tuple[int, ...] = field(converter=_tuple_of_ints)
+    max_tokens: int
+    stop_ids: tuple[int, ...] = field(default=(), converter=_tuple_of_ints)
+    identity: Identity = field(factory=Identity)
+
+    def oracle_key(self) -> tuple:
+        """What plain greedy decoding depends on: tokens, limits and the weights (not the salt)."""
+        return (self.identity.revision, self.identity.adapter, self.identity.adapter_digest,
+                self.prompt, self.max_tokens, self.stop_ids)
+
+
+FINISH_REASONS = ("eos", "stop", "length", "abort")
+
+
+@frozen
+class Result:
+    """What an engine said about one request. `None` means "the engine does not report this"."""
+
+    request_id: str
+    output: tuple[int, ...] = field(converter=_tuple_of_ints)
+    finish_reason: str
+    cached_tokens: int | None = None
+    draft_proposed: int | None = None
+    draft_accepted: int | None = None
+    # Per output token: (top1_id, top1_logit, top2_id, top2_logit) where the engine exposes them.
+    top2: tuple[tuple[int, float, int, float], ...] | None = None
+    timings: Mapping[str, float] = field(factory=dict)
+    extra: Mapping[str, Any] = field(factory=dict)
+
+
+@frozen
+class Baseline:
+    """Plain greedy decoding of one request: the oracle's answer and, per step, the top-1/top-2 margin."""
+
+    output: tuple[int, ...] = field(converter=_tuple_of_ints)
+    finish_reason: str
+    margins: tuple[float, ...] = field(converter=lambda xs: tuple(float(x) for x in xs))
+    runner_up: tuple[int, ...] = field(default=(), converter=_tuple_of_ints)
+
+
+@frozen
+class Capabilities:
+    """What an engine claims. Claims drive both the strategies and the vacuity guard: a claimed
+    capability the run never exercised makes the run inconclusive, not a pass."""
+
+    name: str
+    vocab_size: int
+    max_context: int
+    eos_id: int | None = None
+    block_size: int = 16
+    prefix_caching: bool = False
+    reports_cached_tokens: bool = False
+    speculation: bool = False
+    reports_drafts: bool = False
+    chunked_prefill: bool = False
+    evicts: bool = False
+    top2_logits: bool = False
+    identities: frozenset[str] = field(default=frozenset(), converter=frozenset)  # {"salt","adapter","revision"}
+    revisions: tuple[str, ...] = ("a",)
+    adapters: tuple[str, ...] = ()
+    introspection: bool = False
+    baseline_mode: bool = False
+    # Tie tolerance tau: a divergence where the baseline margin is below tau is a near-tie, not a failure.
+    tolerance: float = 0.0
+    # Engine configurations the strategies may draw from: knob -> allowed values.
+    config_space: Mapping[str, tuple[Any, ...]] = field(factory=dict)
+    # Shortest prompt (in tokens) that can produce a prefix hit at all (vLLM CPU: a full block + 1).
+    min_hit_prompt: int = 2
+    version: str = ""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """The whole contract. `run` executes one batch: requests are submitted in list order (arrival order)
+    and all run to completion together; results come back in the same order."""
+
+    def capabilities(self) -> Capabilities: ...
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Switch to one point of `config_space` (may restart the engine). Empty mapping = defaults."""
+
+    def run(self, requests: Sequence[Request]) -> list[Result]: ...
+
+    def reset(self) -> None:
+        """Flush every reusable KV (prefix cache, drafter state)."""
+
+    def baseline(self, request: Request) -> Baseline:
+        """Plain greedy decoding of `request` (engine's own baseline mode or a reference model)."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Introspectable(Protocol):
+    """Optional white-box hook: a JSON-able snapshot of the cache and pool after a batch."""
+
+    def snapshot(self) -> Mapping[str, Any]: ...
+
+
+class EngineError(RuntimeError):
+    """The engine crashed, timed out or answered malformed. Always an `error` verdict, never a pass."""
+
+
+class UsageError(ValueError):
+    """Bad user input: unknown engine, bad engine arguments, malformed request. Exit code 3."""
+
+
+def evolve(obj: Any, **changes: Any) -> Any:
+    return attrs.evolve(obj, **changes)

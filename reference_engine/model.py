@@ -1,0 +1,225 @@
+"""A Llama-architecture decoder in plain torch: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Read top to bottom like nanoGPT's model.py. The one twist is *where the KV lives*: attention does not
+own a cache. `Llama.forward` takes the new tokens, their absolute positions and a `KVStore` that, per
+layer, stores the new keys/values and returns attention over everything the sequence has so far. So the
+KV of any token range can be computed given the KV of the tokens before it, which is exactly what a
+paged engine (reference_engine.engine) needs; `DenseKV` is the simplest store, used by the baseline.
+
+Weights and names follow Hugging Face's `LlamaForCausalLM` (rotate-half RoPE, untied lm_head), so
+transformers, vLLM and llama.cpp load the same checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@attrs.frozen
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+    pad_token_id: int = 0
+
+    def to_hf(self) -> dict:
+        """config.json as transformers' LlamaConfig expects it."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": "float32",
+        }
+
+    @classmethod
+    def from_hf(cls, d: dict) -> "LlamaConfig":
+        names = {f.name for f in attrs.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class KVStore(Protocol):
+    """Where a forward pass keeps and reads K/V. `attend` stores the new k, v (for `positions`) of one
+    layer and returns the causal attention output of the new queries over all KV of their sequence."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor: ...
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     q_positions: torch.Tensor) -> torch.Tensor:
+    """q: [T, H, D] at absolute `q_positions`; k, v: [L, KVH, D] for positions 0..L-1 of one sequence.
+
+    Each query attends to keys at positions <= its own. GQA: each KV head serves H/KVH query heads.
+    """
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads != kv_heads:
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    scores = torch.einsum("thd,lhd->htl", q, k) / math.sqrt(q.shape[-1])
+    key_pos = torch.arange(k.shape[0], device=q.device)
+    mask = key_pos[None, :] > q_positions[:, None]  # [T, L]
+    scores = scores.masked_fill(mask[None], float("-inf"))
+    return torch.einsum("htl,lhd->thd", scores.softmax(dim=-1), v)
+
+
+class DenseKV:
+    """Contiguous KV of one sequence: the simplest KVStore (baseline decoding, tests)."""
+
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float64):
+        self.config = config
+        shape = (0, config.num_key_value_heads, config.head_dim)
+        self.k = [torch.empty(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.v = [torch.empty(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+
+    def __len__(self) -> int:
+        return self.k[0].shape[0]
+
+    def attend(self, layer, q, k, v, positions):
+        if positions[0].item() != len(self):
+            raise ValueError("DenseKV expects new tokens to follow the stored ones")
+        self.k[layer] = torch.cat([self.k[layer], k])
+        self.v[layer] = torch.cat([self.v[layer], v])
+        return causal_attention(q, self.k[layer], self.v[layer], positions)
+
+    def truncate(self, length: int) -> None:
+        """Drop KV past `length` (rollback of rejected draft tokens)."""
+        self.k = [t[:length] for t in self.k]
+        self.v = [t[:length] for t in self.v]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE (the HF Llama convention). x: [T, heads, D]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1).to(x.dtype)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * angles.cos() + rotated * angles.sin()
+
+
+class Attention(nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def qkv(self, x, positions):
+        c, t = self.c, x.shape[0]
+        q = self.q_proj(x).view(t, c.num_attention_heads, c.head_dim)
+        k = self.k_proj(x).view(t, c.num_key_value_heads, c.head_dim)
+        v = self.v_proj(x).view(t, c.num_key_value_heads, c.head_dim)
+        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
+
+
+class MLP(nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.self_attn = Attention(c)
+        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class LlamaBody(nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class Llama(nn.Module):
+    """`forward` for inference over a KVStore; `forward_train` for whole padded batches."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.model = LlamaBody(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, kv: KVStore) -> torch.Tensor:
+        """ids, positions: [T] (any mix of sequences; `kv` knows which token belongs where).
+        Returns logits [T, vocab] in the model's dtype."""
+        x = self.model.embed_tokens(ids)
+        for i, layer in enumerate(self.model.layers):
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), positions)
+            o = kv.attend(i, q, k, v, positions)
+            x = x + layer.self_attn.o_proj(o.reshape(o.shape[0], -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.model.norm(x))
+
+    def forward_train(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids: [B, S] -> logits [B, S, vocab], full causal attention (training only)."""
+        c = self.config
+        b, s = ids.shape
+        positions = torch.arange(s)
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            h = layer.input_layernorm(x).reshape(b * s, -1)
+            q, k, v = layer.self_attn.qkv(h, positions.repeat(b))
+            q, k, v = (t.view(b, s, -1, c.head_dim).transpose(1, 2) for t in (q, k, v))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(b, s, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.model.norm(x))
