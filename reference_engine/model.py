@@ -106,7 +106,7 @@ class DenseKV:
         return self.k[0].shape[0]
 
     def attend(self, layer, q, k, v, positions):
-        if positions[0].item() != len(self):
+        if positions[0].item() != self.k[layer].shape[0]:
             raise ValueError("DenseKV expects new tokens to follow the stored ones")
         self.k[layer] = torch.cat([self.k[layer], k])
         self.v[layer] = torch.cat([self.v[layer], v])
