@@ -1,0 +1,185 @@
+"""The block pool: paged KV storage, reference counts, a free list, and the paged KVStore.
+
+Why paging: sequences grow one token (or one verified draft run) at a time and finish in any order.
+Giving each a contiguous buffer wastes memory and makes sharing a prefix impossible; fixed-size blocks
+plus a per-sequence *block table* (logical block i -> physical block id) make both cheap, and a block
+can be shared by several sequences (refcount > 1) when the prefix cache serves it.
+
+A physical block is always in exactly one of three states, which the white-box checks rely on:
+  free         refcount 0, no cache key, in `free`              (its KV is garbage)
+  cached       refcount 0, has a cache key, parked in the prefix cache's LRU   (evictable)
+  in use       refcount > 0, referenced by >= 1 block table     (never evicted, never freed)
+The pool owns the first and the refcounts; `prefix_cache.PrefixCache` owns keys and the LRU and is
+plugged in through `cache` so a block whose refcount drops to 0 is parked there instead of freed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+import attrs
+import torch
+
+from reference_engine.model import LlamaConfig, causal_attention
+
+if TYPE_CHECKING:
+    from reference_engine.prefix_cache import PrefixCache
+
+
+class PoolFullError(RuntimeError):
+    """No free block and nothing evictable: the scheduler must preempt or wait."""
+
+
+@attrs.define(eq=False)
+class Block:
+    id: int
+    ref_count: int = 0
+    key: str | None = None  # set when the prefix cache registers this block (full, committed KV)
+    identity: tuple | None = None  # the identity fields the key was made from (for snapshots)
+    tokens: tuple[int, ...] = ()  # the token ids whose KV it holds, once registered
+    # Slots holding KV of a rejected draft token that no committed token has overwritten yet. A block
+    # with such slots must never carry a cache key (white-box: "rejected_in_cache").
+    rejected_slots: set[int] = attrs.field(factory=set)
+    provisional: bool = False  # allocated for draft positions and not yet settled by verification
+
+    def reset(self) -> None:
+        self.key, self.identity, self.tokens = None, None, ()
+        self.rejected_slots.clear()
+        self.provisional = False
+
+
+class BlockPool:
+    """Fixed-size blocks of KV for every layer, with refcounts and a free list."""
+
+    def __init__(self, num_blocks: int, block_size: int, model_config: LlamaConfig,
+                 dtype: torch.dtype = torch.float64) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: deque[int] = deque(range(num_blocks))
+        c = model_config
+        shape = (c.num_hidden_layers, num_blocks * block_size, c.num_key_value_heads, c.head_dim)
+        # Flat slot-major storage: slot = block_id * block_size + offset. Zeros, not empty: a read of an
+        # unwritten slot (a bug) then gives a deterministic wrong answer instead of a random one.
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.cache: PrefixCache | None = None
+
+    # -- capacity ---------------------------------------------------------------------------------
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def num_available(self) -> int:
+        """Blocks an allocation may take now: free ones plus cached-unreferenced (evictable) ones."""
+        return len(self.free) + (self.cache.num_evictable() if self.cache is not None else 0)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def allocate(self) -> int:
+        """A block with refcount 1. Takes a free block first; evicts the least recently used cached
+        block only when none is free (keeping reusable KV as long as possible)."""
+        if self.free:
+            bid = self.free.popleft()
+        elif self.cache is not None and (evicted := self.cache.evict_one()) is not None:
+            bid = evicted
+        else:
+            raise PoolFullError("no free or evictable KV block")
+        block = self.blocks[bid]
+        assert block.ref_count == 0, f"allocated block {bid} is still referenced"
+        block.reset()
+        block.ref_count = 1
+        return bid
+
+    def incref(self, bid: int) -> None:
+        self.blocks[bid].ref_count += 1
+
+    def release(self, bid: int) -> None:
+        """Drop one reference. At zero a registered block is parked in the cache (reusable), any other
+        goes back to the free list (its KV is garbage from now on)."""
+        block = self.blocks[bid]
+        if block.ref_count <= 0:
+            raise RuntimeError(f"release of unreferenced block {bid}")
+        block.ref_count -= 1
+        if block.ref_count:
+            return
+        block.provisional = False
+        if block.key is not None and self.cache is not None and self.cache.park(bid):
+            return
+        block.reset()
+        self.free.append(bid)
+
+    # -- white-box ----------------------------------------------------------------------------------
+    def counts(self, tables: list[list[int]]) -> dict:
+        """Pool counts and a consistency verdict given every live block table."""
+        refs = [0] * self.num_blocks
+        for table in tables:
+            for bid in table:
+                refs[bid] += 1
+        cached = set(self.cache.lru) if self.cache is not None else set()
+        free = set(self.free)
+        in_use = {b.id for b in self.blocks if b.ref_count > 0}
+        ok = (len(free) == len(self.free) and not (free & cached) and not (free & in_use)
+              and not (cached & in_use) and len(free) + len(cached) + len(in_use) == self.num_blocks
+              and all(b.ref_count == refs[b.id] for b in self.blocks)
+              and all(self.blocks[i].key is None for i in free)
+              and all(self.blocks[i].key is not None for i in cached))
+        return {
+            "total_blocks": self.num_blocks,
+            "free_blocks": len(free),
+            "cached_blocks": len(cached),
+            "blocks_in_use": len(in_use),
+            "provisional_live": sum(b.provisional for b in self.blocks),
+            "rejected_in_cache": sum(1 for b in self.blocks if b.key is not None and b.rejected_slots),
+            "refcounts_ok": ok,
+        }
+
+
+@attrs.frozen
+class Segment:
+    """One sequence's share of a forward pass: `n` new tokens at true positions start..start+n-1."""
+
+    block_table: tuple[int, ...]
+    start: int
+    n: int
+
+
+class PagedKV:
+    """The KVStore (see model.py) for one batched forward over several sequences.
+
+    Tokens arrive concatenated segment by segment. For each layer, `attend` writes the new K/V into the
+    slots their *true* positions map to through the segment's block table, then lets each segment's
+    queries attend over that sequence's KV gathered from its blocks. The slot and the causal mask use
+    the engine's bookkeeping of positions, while RoPE used the `positions` fed to the model: so a wrong
+    position (chunk offset bug) corrupts exactly what it corrupts in real engines, the rotation.
+    """
+
+    def __init__(self, pool: BlockPool, segments: list[Segment]) -> None:
+        self.pool, self.segments = pool, segments
+        bs = pool.block_size
+        slots, self.true_positions, self.gather = [], [], []
+        for seg in segments:
+            pos = torch.arange(seg.start, seg.start + seg.n)
+            table = torch.tensor(seg.block_table, dtype=torch.long)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            self.true_positions.append(pos)
+            length = seg.start + seg.n
+            nblocks = -(-length // bs)
+            # Slot indices of positions 0..length-1 of this sequence, in order.
+            self.gather.append(((table[:nblocks, None] * bs + torch.arange(bs)[None, :]).reshape(-1))[:length])
+        self.slots = torch.cat(slots) if slots else torch.empty(0, dtype=torch.long)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        kc, vc = self.pool.k[layer], self.pool.v[layer]
+        kc.index_copy_(0, self.slots, k)
+        vc.index_copy_(0, self.slots, v)
+        out, offset = [], 0
+        for seg, pos, idx in zip(self.segments, self.true_positions, self.gather):
+            qs = q[offset:offset + seg.n]
+            out.append(causal_attention(qs, kc[idx], vc[idx], pos))
+            offset += seg.n
+        return torch.cat(out)
