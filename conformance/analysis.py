@@ -1,0 +1,87 @@
+"""From a history to per-check verdicts and a run verdict — the same code for a live run, `kvparity
+report RUN_DIR` and `kvparity replay`, so a stored history always re-analyses to the same answer."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from attrs import define, field
+
+from conformance.checks import CHECKS, run_check
+from conformance.contract import UsageError
+from conformance.history import History
+from conformance.verdicts import ERROR, EXIT_CODES, FAIL, CheckResult, Failure, combine, overall
+
+
+def select_checks(names: Iterable[str] | None) -> list[str]:
+    """Validate `--checks`; unknown names are a usage error with a did-you-mean."""
+    if not names:
+        return list(CHECKS)
+    import difflib
+
+    chosen = []
+    for name in names:
+        name = name.strip()
+        if not name:
+            continue
+        if name not in CHECKS:
+            close = difflib.get_close_matches(name, list(CHECKS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UsageError(f"unknown check {name!r}{hint}; known checks: {', '.join(CHECKS)}")
+        chosen.append(name)
+    return chosen
+
+
+@define
+class Analysis:
+    """Per-check aggregated results plus engine errors; `verdict` and `exit_code` follow DESIGN.md."""
+
+    checks: dict[str, CheckResult] = field(factory=dict)
+    errors: list[str] = field(factory=list)
+
+    @property
+    def verdict(self) -> str:
+        v = overall(self.checks.values())
+        if self.errors and v != FAIL:
+            return ERROR
+        return v
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def failures(self) -> list[Failure]:
+        return [f for r in self.checks.values() for f in r.failures]
+
+    @property
+    def near_ties(self) -> int:
+        return int(self.checks["parity"].stats.get("near_ties", 0)) if "parity" in self.checks else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "exit_code": self.exit_code, "errors": self.errors,
+                "near_ties": self.near_ties,
+                "checks": {name: {"status": r.status, "title": CHECKS[name].title, "severity": CHECKS[name].severity,
+                                  "bug_class": CHECKS[name].bug_class, "notes": list(r.notes), "stats": dict(r.stats),
+                                  "failures": [f.to_json() for f in r.failures]}
+                           for name, r in self.checks.items()}}
+
+
+def analyse(history: History, names: Sequence[str] | None = None) -> Analysis:
+    """Run example-scoped checks per example (so witnesses stay small and replayable), run-scoped
+    checks once over everything, and aggregate."""
+    chosen = select_checks(names)
+    out = Analysis(errors=list(history.errors))
+    views = [history.only(ex) for ex in history.examples] or [history]
+    for name in chosen:
+        spec = CHECKS[name]
+        if spec.scope == "run":
+            out.checks[name] = combine(name, [run_check(spec, history)])
+        else:
+            out.checks[name] = combine(name, [run_check(spec, view) for view in views])
+    return out
+
+
+def example_failures(history: History, names: Sequence[str]) -> list[Failure]:
+    """Failures of one (single-example) history — what a Hypothesis example raises on to shrink."""
+    return [f for name in names for f in run_check(CHECKS[name], history).failures]

@@ -1,0 +1,200 @@
+"""Hypothesis strategies for request streams, driven by what the engine declares (`Capabilities`).
+
+Bugs in KV reuse live where prefixes are shared, so streams are drawn as prefix trees: a few shared
+roots (a system prompt, few-shot examples) that requests extend, exact resends in another grouping or
+order, multi-turn conversations (next prompt = previous prompt + its *output* + new tokens — only known
+at run time, so a `Continuation` is resolved by the runner), and poisoning (identity A warms a prefix,
+identity B sends the same tokens). Lengths concentrate at multiples of the block size +/- 1, where
+partial-block and last-token bugs hide (BUG_CLASSES B). Sizes stay small so CI is fast.
+
+A scenario is a tuple of steps: `Configure`, `Reset`, `Batch` (requests and continuations, in arrival
+order). The runner always starts a scenario with a reset, so every example begins cold.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Mapping, Union
+
+from attrs import field, frozen
+from hypothesis import strategies as st
+
+from conformance.contract import Capabilities, Identity, Request, _tuple_of_ints
+
+MAX_PROMPT = 200
+MAX_NEW = 16
+
+
+@frozen
+class Configure:
+    config: Mapping[str, Any] = field(factory=dict)
+
+
+@frozen
+class Reset:
+    pass
+
+
+@frozen
+class Continuation:
+    """Next turn of a conversation: parent's prompt + parent's output + `extra`, resolved at run time."""
+
+    id: str
+    parent: str
+    extra: tuple[int, ...] = field(converter=_tuple_of_ints)
+    max_tokens: int
+    stop_ids: tuple[int, ...] = field(default=(), converter=_tuple_of_ints)
+    identity: Identity = field(factory=Identity)
+    max_prompt: int = MAX_PROMPT
+
+
+@frozen
+class Batch:
+    items: tuple[Union[Request, Continuation], ...] = field(converter=tuple)
+
+
+Step = Union[Configure, Reset, Batch]
+
+
+def max_prompt_len(caps: Capabilities) -> int:
+    return max(2, min(MAX_PROMPT, caps.max_context - MAX_NEW - 1))
+
+
+def token_range(caps: Capabilities) -> tuple[int, int]:
+    """A small alphabet (<= 48 ids) above the usual special ids: collisions make shared prefixes likely."""
+    lo = min(4, caps.vocab_size - 2)
+    return lo, min(caps.vocab_size - 1, lo + 47)
+
+
+def tokens(caps: Capabilities) -> st.SearchStrategy[int]:
+    lo, hi = token_range(caps)
+    eos = caps.eos_id
+    return st.integers(lo, hi).map(lambda t: t if t != eos else (t + 1 if t < hi else lo))
+
+
+def token_lists(caps: Capabilities, n: int) -> st.SearchStrategy[tuple[int, ...]]:
+    return st.lists(tokens(caps), min_size=n, max_size=n).map(tuple)
+
+
+def prompt_lengths(caps: Capabilities) -> st.SearchStrategy[int]:
+    """Mostly k * block_size + {-1, 0, +1}; sometimes anything. Never below 1 or above the cap."""
+    b, top = caps.block_size, max_prompt_len(caps)
+    near = st.builds(lambda k, d: k * b + d, st.integers(1, max(1, top // b)), st.sampled_from((0, 1, -1)))
+    return st.one_of(near, st.integers(1, min(top, 3 * b))).map(lambda n: min(max(1, n), top))
+
+
+def max_tokens(caps: Capabilities) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from((1, 2, 4)), st.integers(1, MAX_NEW))
+
+
+def stop_ids(caps: Capabilities) -> st.SearchStrategy[tuple[int, ...]]:
+    return st.integers(0, 4).flatmap(
+        lambda n: st.just(()) if n else st.lists(tokens(caps), min_size=1, max_size=2).map(tuple))
+
+
+def all_identities(caps: Capabilities) -> list[Identity]:
+    """Every identity the engine can express, the default first (it is what shrinking goes to)."""
+    revisions = caps.revisions if "revision" in caps.identities else caps.revisions[:1]
+    adapters = (None, *caps.adapters) if "adapter" in caps.identities else (None,)
+    salts = (None, "tenant-a", "tenant-b") if "salt" in caps.identities else (None,)
+    return [Identity(revision=r, adapter=a, salt=s) for r in revisions for a in adapters for s in salts]
+
+
+def configs(caps: Capabilities) -> st.SearchStrategy[dict[str, Any]]:
+    """One point of `config_space`: each knob drawn from its allowed values (the first shrinks best)."""
+    space = {k: tuple(v) for k, v in sorted(caps.config_space.items()) if v}
+    return st.fixed_dictionaries({k: st.sampled_from(v) for k, v in space.items()})
+
+
+# Weighted by repetition: reuse (resend / continue / poison) is where the bugs are. "batch" comes first
+# because Hypothesis shrinks towards the first element.
+KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset")
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch: int = 4) -> tuple[Step, ...]:
+    """A request stream as a prefix tree, with resends, conversations, poisoning and reconfiguration."""
+    top = max_prompt_len(caps)
+    roots = draw(st.lists(prompt_lengths(caps).flatmap(lambda n: token_lists(caps, n)), min_size=1, max_size=3))
+    identities = all_identities(caps)
+    ident = st.sampled_from(identities)
+    ids = itertools.count()
+
+    def fresh_request() -> Request:
+        length = draw(prompt_lengths(caps))
+        which = draw(st.integers(0, len(roots)))
+        base = roots[which] if which < len(roots) else ()
+        prompt = base[:length] if len(base) >= length else base + draw(token_lists(caps, length - len(base)))
+        return Request(f"r{next(ids)}", prompt, draw(max_tokens(caps)), draw(stop_ids(caps)), draw(ident))
+
+    steps: list[Step] = []
+    if caps.config_space:
+        steps.append(Configure(draw(configs(caps))))
+    pool: list[Union[Request, Continuation]] = []
+    for _ in range(draw(st.integers(min(2, max_steps), max_steps))):
+        kind = draw(st.sampled_from(KINDS))
+        requests_in_pool = [p for p in pool if isinstance(p, Request)]
+        if kind == "resend" and pool:
+            chosen = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_batch, unique_by=lambda p: p.id))
+            order = draw(st.permutations(chosen))
+            items = tuple(_renamed(p, f"r{next(ids)}") for p in order)
+        elif kind == "continue" and pool:
+            parent = draw(st.sampled_from(pool))
+            extra = draw(st.integers(1, caps.block_size + 1).flatmap(lambda n: token_lists(caps, n)))
+            items = (Continuation(f"r{next(ids)}", parent.id, extra, draw(max_tokens(caps)), draw(stop_ids(caps)),
+                                  parent.identity, top),)
+        elif kind == "poison" and requests_in_pool and len(identities) > 1:
+            victim = draw(st.sampled_from(requests_in_pool))
+            other = draw(st.sampled_from([i for i in identities if i != victim.identity]))
+            suffix = draw(st.integers(0, caps.block_size).flatmap(lambda n: token_lists(caps, n)))
+            prompt = (victim.prompt + suffix)[:top]
+            items = (Request(f"r{next(ids)}", prompt, victim.max_tokens, victim.stop_ids, other),)
+        elif kind == "configure" and caps.config_space:
+            steps.append(Configure(draw(configs(caps))))
+            continue
+        elif kind == "reset":
+            steps.append(Reset())
+            continue
+        else:
+            items = tuple(fresh_request() for _ in range(draw(st.integers(1, max_batch))))
+        steps.append(Batch(items))
+        pool.extend(items)
+    return tuple(steps)
+
+
+def _renamed(item: Union[Request, Continuation], new_id: str) -> Union[Request, Continuation]:
+    from attrs import evolve
+
+    return evolve(item, id=new_id)
+
+
+# --------------------------------------------------------------------------- (de)serialising steps
+
+
+def step_to_json(step: Step) -> dict[str, Any]:
+    from conformance.history import encode
+
+    if isinstance(step, Configure):
+        return {"step": "configure", "config": encode(dict(step.config))}
+    if isinstance(step, Reset):
+        return {"step": "reset"}
+    return {"step": "batch", "requests": [dict(encode(i), kind=type(i).__name__) for i in step.items]}
+
+
+def step_from_json(d: Mapping[str, Any]) -> Step:
+    """Inverse of `step_to_json`; also reads the resolved steps `history.Example.steps()` returns."""
+    from conformance.history import identity_from, request_from
+
+    kind = d["step"]
+    if kind == "configure":
+        return Configure(dict(d.get("config") or {}))
+    if kind == "reset":
+        return Reset()
+    items: list[Union[Request, Continuation]] = []
+    for r in d["requests"]:
+        if r.get("kind") == "Continuation":
+            items.append(Continuation(r["id"], r["parent"], r["extra"], int(r["max_tokens"]), r.get("stop_ids", ()),
+                                      identity_from(r.get("identity")), int(r.get("max_prompt", MAX_PROMPT))))
+        else:
+            items.append(request_from(r))
+    return Batch(items)
