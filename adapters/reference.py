@@ -1,0 +1,183 @@
+"""kvparity adapter for the reference engine (reference_engine/): the ground truth and worked example.
+
+Every engine knob is an engine argument (strings, as a command line gives them):
+  ReferenceAdapter(block_size="16", num_blocks="256", prefix_cache="true", drafter="oracle", k="4",
+                   chunk_size="none", token_budget="4096", max_batch="64")
+and `configure` switches between points of `config_space` (a fresh engine each time, so no KV crosses
+configurations). The engine computes in float64 and declares tolerance 0: any divergence is a bug.
+
+Identities: conformance's Identity(revision, adapter, adapter_digest, salt) maps to the engine's
+Identity(revision, adapter, salt). An `adapter_digest` that names other shipped weights than the
+adapter's current ones (full hex or a prefix of >= 8) rebinds the name to those weights first — an
+in-place adapter reload, which must invalidate that adapter's cached KV.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
+from reference_engine import checkpoints
+from reference_engine.baseline import greedy
+from reference_engine.drafters import DRAFTERS
+from reference_engine.engine import Engine, EngineConfig
+from reference_engine.engine import Request as EngineRequest
+from reference_engine.errors import PoolExhaustedError, ReferenceEngineError
+from reference_engine.model_registry import ModelRegistry
+from reference_engine.sequence import Identity as EngineIdentity
+
+KNOBS = ("block_size", "num_blocks", "prefix_cache", "drafter", "k", "chunk_size", "token_budget", "max_batch")
+DEFAULTS = {"block_size": "16", "num_blocks": "256", "prefix_cache": "true", "drafter": "none", "k": "4",
+            "chunk_size": "none", "token_budget": "4096", "max_batch": "64"}
+CONFIG_SPACE = {
+    "block_size": (4, 16, 32),
+    "num_blocks": (256, 64),  # 64: small enough to evict (and preempt) at block size 4 and 16
+    "drafter": ("none", "oracle", "adversarial", "draft", "ngram"),
+    "k": (3, 1, 5),
+    "chunk_size": ("none", 5, 16),
+    "token_budget": (4096, 24),
+}
+_REGISTRY: ModelRegistry | None = None
+
+
+def shared_registry() -> ModelRegistry:
+    """One set of loaded models per process: reconfiguring builds a new engine, not new weights."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = ModelRegistry()
+    return _REGISTRY
+
+
+def _int(name: str, value: Any, allow_none: bool = False) -> int | None:
+    if allow_none and (value is None or str(value).lower() in ("none", "off", "0", "")):
+        return None
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"engine argument {name}={value!r} is not an integer") from None
+    if v < 1:
+        raise UsageError(f"engine argument {name}={v} must be >= 1")
+    return v
+
+
+def _bool(name: str, value: Any) -> bool:
+    s = str(value).lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", "none"):
+        return False
+    raise UsageError(f"engine argument {name}={value!r}: say true or false")
+
+
+def engine_config(knobs: Mapping[str, Any]) -> EngineConfig:
+    unknown = set(knobs) - set(KNOBS)
+    if unknown:
+        raise UsageError(f"unknown reference engine argument(s) {sorted(unknown)}; known: {', '.join(KNOBS)}")
+    m = {**DEFAULTS, **{k: v for k, v in knobs.items()}}
+    drafter = str(m["drafter"])
+    if drafter not in ("none", *DRAFTERS):
+        raise UsageError(f"drafter={drafter!r}: choose one of none, {', '.join(DRAFTERS)}")
+    return EngineConfig(block_size=_int("block_size", m["block_size"]), num_blocks=_int("num_blocks", m["num_blocks"]),
+                        enable_prefix_cache=_bool("prefix_cache", m["prefix_cache"]), drafter=drafter,
+                        k=_int("k", m["k"]), chunk_size=_int("chunk_size", m["chunk_size"], allow_none=True),
+                        token_budget=_int("token_budget", m["token_budget"]), max_batch=_int("max_batch", m["max_batch"]))
+
+
+class ReferenceAdapter:
+    """The Engine contract (conformance/contract.py) over reference_engine.Engine; introspectable."""
+
+    def __init__(self, **knobs: Any) -> None:
+        self.defaults = {**DEFAULTS, **{k: str(v) for k, v in knobs.items()}}
+        engine_config(self.defaults)  # validate now: bad engine arguments are a usage error
+        self.registry = shared_registry()
+        self.engine: Engine | None = None
+        self.configure({})
+
+    # -- contract ---------------------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        c, mc = self.config, self.registry.config()
+        return Capabilities(
+            name="reference", version="0.1.0", vocab_size=mc.vocab_size, max_context=mc.max_position_embeddings,
+            eos_id=mc.eos_token_id, block_size=c.block_size,
+            prefix_caching=c.enable_prefix_cache, reports_cached_tokens=True,
+            speculation=c.drafter != "none", reports_drafts=True,
+            chunked_prefill=c.chunk_size is not None, evicts=c.enable_prefix_cache,
+            top2_logits=False, identities=frozenset({"salt", "adapter", "revision"}),
+            revisions=self.registry.revisions(), adapters=tuple(sorted(self.registry.adapters)),
+            introspection=True, baseline_mode=True, tolerance=0.0,
+            config_space=CONFIG_SPACE, min_hit_prompt=c.block_size + 1)
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        self.config = engine_config({**self.defaults, **{k: str(v) for k, v in config.items()}})
+        try:
+            self.engine = Engine(self.config, self.registry)
+        except ValueError as e:
+            raise UsageError(str(e)) from e
+
+    def reset(self) -> None:
+        self.engine.flush()
+
+    def close(self) -> None:
+        self.engine = None
+
+    def baseline(self, request: Request) -> Baseline:
+        """Plain greedy decoding on the very same float64 weights the engine uses."""
+        try:
+            model = self.registry.model(self._identity(request.identity))
+            g = greedy(model, request.prompt, request.max_tokens, request.stop_ids)
+        except ReferenceEngineError as e:
+            raise UsageError(f"request {request.id}: {e}") from e
+        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up)
+
+    def run(self, requests: Sequence[Request]) -> list[Result]:
+        try:
+            batch = [EngineRequest(r.id, r.prompt, r.max_tokens, r.stop_ids, self._identity(r.identity))
+                     for r in requests]
+            reports = self.engine.generate(batch)
+        except (ReferenceEngineError, PoolExhaustedError) as e:
+            raise UsageError(f"{type(e).__name__}: {e}") from e
+        except UsageError:
+            raise
+        except Exception as e:
+            raise EngineError(f"reference engine: {type(e).__name__}: {e}") from e
+        return [self._result(rep) for rep in reports]
+
+    def snapshot(self) -> Mapping[str, Any]:
+        return self.engine.snapshot()
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _identity(self, identity) -> EngineIdentity:
+        adapter = identity.adapter
+        if adapter is not None and identity.adapter_digest:
+            self._bind_adapter(adapter, identity.adapter_digest)
+        return EngineIdentity(identity.revision, adapter, identity.salt)
+
+    def _bind_adapter(self, name: str, digest: str) -> None:
+        current = self.registry.adapters.get(name)
+        if current is not None and current[0].startswith(digest):
+            return
+        if len(digest) >= 8:
+            for source in checkpoints.ADAPTERS:
+                try:
+                    if checkpoints.adapter_digest(source).startswith(digest):
+                        self.registry.load_adapter(name, source)
+                        return
+                except OSError:
+                    continue
+        raise UsageError(f"adapter {name!r} with weights digest {digest!r}: no such shipped weights")
+
+    @staticmethod
+    def _result(rep) -> Result:
+        extra = {
+            "prompt_tokens": rep.prompt_tokens, "evictions": rep.evictions, "chunked": rep.chunked,
+            "prefill_chunks": rep.prefill_chunks, "preempted": rep.preemptions > 0, "preemptions": rep.preemptions,
+            "provisional_allocated": rep.provisional_allocated, "provisional_freed": rep.provisional_freed,
+            "proposed_per_position": list(rep.proposed_per_position),
+            "accepted_per_position": list(rep.accepted_per_position),
+            "verification_steps": rep.verification_steps, "target_forwards": rep.target_forwards,
+            "draft_forwards": rep.draft_forwards, "ttft_cost": rep.ttft_cost, "tpot_cost": rep.tpot_cost,
+        }
+        timings = {k: v for k, v in (("ttft_s", rep.ttft_s), ("tpot_s", rep.tpot_s)) if v is not None}
+        return Result(rep.request_id, rep.output, rep.finish_reason, cached_tokens=rep.cached_tokens,
+                      draft_proposed=rep.draft_proposed, draft_accepted=rep.draft_accepted,
+                      timings=timings, extra=extra)
