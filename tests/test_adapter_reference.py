@@ -1,0 +1,53 @@
+"""The reference adapter speaks the Engine contract: knobs as strings, usage errors, parity, extras."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.contract import Engine, Identity, Introspectable, Request, UsageError
+from adapters.reference import ReferenceAdapter
+import adapters.reference as ref
+from tests.engine_helpers import registry
+
+
+@pytest.fixture(autouse=True)
+def _shared_models(monkeypatch):
+    monkeypatch.setattr(ref, "_REGISTRY", registry())
+
+
+@pytest.mark.parametrize("kwargs", [{"block_size": "0"}, {"k": "x"}, {"drafter": "magic"}, {"colour": "red"},
+                                    {"prefix_cache": "maybe"}])
+def test_bad_engine_arguments_are_usage_errors(kwargs):
+    with pytest.raises(UsageError):
+        ReferenceAdapter(**kwargs)
+
+
+def test_adapter_matches_its_baseline_and_reports_extras():
+    adapter = ReferenceAdapter(block_size="4", drafter="oracle", k="3", chunk_size="5", num_blocks="64")
+    assert isinstance(adapter, Engine) and isinstance(adapter, Introspectable)
+    caps = adapter.capabilities()
+    assert caps.tolerance == 0 and caps.introspection and caps.speculation and caps.chunked_prefill
+    reqs = [Request(f"r{i}", tuple(range(300, 320 + i)), 6, (), Identity(salt="s" if i else None)) for i in range(3)]
+    results = adapter.run(reqs)
+    for q, r in zip(reqs, results):
+        b = adapter.baseline(q)
+        assert r.output == b.output and r.finish_reason == b.finish_reason
+        assert {"evictions", "chunked", "provisional_allocated", "provisional_freed", "accepted_per_position",
+                "verification_steps", "target_forwards", "draft_forwards"} <= set(r.extra)
+        assert r.extra["chunked"] is True
+    [again] = adapter.run([Request("again", tuple(range(300, 322)), 6, (), Identity(salt="s"))])
+    assert again.cached_tokens == 20
+    snap = adapter.snapshot()
+    assert snap["blocks_in_use"] == 0 and snap["refcounts_ok"]
+    adapter.reset()
+    assert adapter.snapshot()["cached_blocks"] == 0
+
+
+def test_configure_switches_knobs_and_rejects_unknown_ones():
+    adapter = ReferenceAdapter()
+    adapter.configure({"drafter": "adversarial", "k": 2, "block_size": 32})
+    assert adapter.capabilities().block_size == 32 and adapter.config.drafter == "adversarial"
+    with pytest.raises(UsageError):
+        adapter.configure({"nope": 1})
+    with pytest.raises(UsageError):
+        adapter.run([Request("bad", (), 4)])
