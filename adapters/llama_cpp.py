@@ -1,0 +1,446 @@
+"""kvparity adapter for llama.cpp through llama-cpp-python (token-level API: `Llama.generate`).
+
+What it drives (all real llama-cpp-python code paths, f32 GGUF exported by adapters.gguf_export):
+
+* **In-context prefix reuse** - `Llama.generate` keeps the longest common prefix of its current context
+  and the new prompt (re-evaluating the last prompt token, or sampling straight from live logits when
+  the whole prompt is already in context). llama-cpp-python reports no cached-token count; this adapter
+  *observes* it: `cached_tokens` is `n_tokens` (KV positions already in the context) at the first
+  `eval` of the request, i.e. exactly the positions the engine did not recompute.
+  `extra["cached_source"]` says where they came from: "context", "ram" / "disk" (a state loaded from
+  the cache) or "none".
+* **LlamaRAMCache / LlamaDiskCache** (`cache=ram|disk`) - the lookup/save glue of
+  `Llama._create_completion` (`cache[prompt]` -> longest-prefix key -> `load_state` when it beats the
+  live context; `cache[prompt + completion] = save_state()` afterwards), mirrored line for line
+  because `create_completion` works on text. ONE cache object serves every identity, as in
+  llama-cpp-python's server, where every model configured with `cache_type=disk` opens the same default
+  directory. The cache key is the token list alone.
+* **Speculation** via `Llama(draft_model=...)`: `prompt_lookup` (`LlamaPromptLookupDecoding`),
+  `draft_model` (a `LlamaDraftModel` running the tiny-draft GGUF greedily in its own llama.cpp context),
+  and `adversarial` (proposes tokens the target is unlikely to pick - verification must reject them).
+  llama-cpp-python reports no draft statistics: proposals are counted by wrapping the drafter and
+  acceptance is derived from the committed output (`extra["draft_counts"] = "adapter-observed"`).
+* **Chunked prefill**: `n_batch` (and `n_ubatch`) smaller than the prompt makes `eval` decode it in
+  chunks.
+* **Identities**: revision a / b (one `Llama` per identity, separate contexts) and, when the GGUF LoRA
+  loads, the LoRA adapters (`lora_path`), again one context each. No tenant salt: llama-cpp-python
+  has no such notion.
+
+Engine arguments (strings): gguf_dir, n_ctx, n_batch, kv_type (f32|f16), drafter, k, cache, cache_dir,
+tolerance, n_threads, seed, lora (auto|off). Numerics: llama.cpp computes in f32 (KV f32 by default
+here); the oracle is the reference model in float64, so a small tolerance is declared (see TOLERANCE).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
+
+# Tie tolerance tau, in logits. Measured (tests/test_adapter_llama_cpp.py, reports/llama_cpp/README.md):
+# |llama.cpp f32 logit - reference float64 logit| stays below ~2e-4 over 50 prompts x 24 steps, so a
+# top-1/top-2 margin below 1e-3 is the only place f32 rounding can legitimately flip an argmax.
+TOLERANCE = 1e-3
+GGML_TYPE = {"f32": 0, "f16": 1}
+DRAFTERS = ("none", "prompt_lookup", "draft_model", "adversarial")
+CACHES = ("none", "ram", "disk")
+CONFIG_SPACE = {
+    "drafter": DRAFTERS,
+    "k": (4, 1, 8),
+    "n_batch": (512, 7),
+    "cache": ("none", "ram", "disk"),
+}
+KNOBS = ("drafter", "k", "n_batch", "cache")
+
+
+def _int(name: str, value: Any, minimum: int = 1) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"engine argument {name}={value!r} is not an integer") from None
+    if v < minimum:
+        raise UsageError(f"engine argument {name}={v} must be >= {minimum}")
+    return v
+
+
+def _choice(name: str, value: Any, allowed: Sequence[str]) -> str:
+    s = str(value).lower()
+    if s not in allowed:
+        raise UsageError(f"engine argument {name}={value!r}: choose one of {', '.join(allowed)}")
+    return s
+
+
+def _import_llama_cpp():
+    try:
+        import llama_cpp  # noqa: F401
+        from llama_cpp import llama_speculative  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"llama_cpp adapter needs llama-cpp-python (pip install 'kvparity[llamacpp]'): {exc}") from exc
+    return llama_cpp
+
+
+def _drafter_base():
+    try:
+        from llama_cpp.llama_speculative import LlamaDraftModel
+        return LlamaDraftModel
+    except ImportError:  # keeps this module importable without llama_cpp (classes below are only built lazily)
+        return object
+
+
+class CountingDrafter(_drafter_base()):  # type: ignore[misc]
+    """Wraps any drafter; records (context length, proposed tokens) for every call."""
+
+    def __init__(self, inner, k: int):
+        self.inner = inner
+        self.k = k
+        self.calls: list[tuple[int, tuple[int, ...]]] = []
+
+    def __call__(self, input_ids, /, **kwargs):
+        out = np.asarray(self.inner(input_ids, **kwargs), dtype=np.intc)[: self.k]
+        self.calls.append((int(len(input_ids)), tuple(int(t) for t in out)))
+        return out
+
+
+class GgufDraftModel(_drafter_base()):  # type: ignore[misc]
+    """A draft model for `Llama(draft_model=...)`: greedy k tokens from a second (small) GGUF model in its
+    own llama.cpp context, reusing that context's prefix across calls."""
+
+    def __init__(self, model_path: str, k: int, n_ctx: int, n_threads: int, type_kv: int, seed: int):
+        from llama_cpp import Llama
+
+        self.k = k
+        self.llm = Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
+                         type_k=type_kv, type_v=type_kv, seed=seed, verbose=False)
+
+    def __call__(self, input_ids, /, **kwargs):
+        out: list[int] = []
+        budget = min(self.k, self.llm.n_ctx() - len(input_ids))
+        if budget <= 0:
+            return np.array([], dtype=np.intc)
+        for tok in self.llm.generate([int(t) for t in input_ids], temp=0.0, top_k=1, repeat_penalty=1.0):
+            out.append(int(tok))
+            if len(out) >= budget:
+                break
+        return np.array(out, dtype=np.intc)
+
+    def reset(self) -> None:
+        self.llm.reset()
+
+
+class AdversarialDrafter(_drafter_base()):  # type: ignore[misc]
+    """Proposes k tokens drawn from a fixed-seed RNG, seeded by the context: nearly always wrong, so
+    every round exercises rejection and KV rollback."""
+
+    def __init__(self, k: int, vocab: int, seed: int = 0):
+        self.k, self.vocab, self.seed = k, vocab, seed
+
+    def __call__(self, input_ids, /, **kwargs):
+        rng = np.random.default_rng([self.seed, len(input_ids), int(input_ids[-1]) if len(input_ids) else 0])
+        return rng.integers(3, self.vocab, size=self.k).astype(np.intc)
+
+
+def _accepted(prompt_len: int, output: Sequence[int], calls: Sequence[tuple[int, tuple[int, ...]]]) -> tuple[int, int]:
+    """(proposed, accepted) for one request: a proposal made at context length L predicts absolute
+    positions L, L+1, ...; it is accepted up to the first token that differs from the committed output."""
+    proposed = accepted = 0
+    for length, toks in calls:
+        proposed += len(toks)
+        j = length - prompt_len  # output index the first proposed token predicts
+        for t in toks:
+            if 0 <= j < len(output) and output[j] == t:
+                accepted += 1
+                j += 1
+            else:
+                break
+    return proposed, accepted
+
+
+class LlamaCppAdapter:
+    def __init__(self, gguf_dir: str | None = None, n_ctx: str | int = 1024, n_batch: str | int = 512,
+                 kv_type: str = "f32", drafter: str = "none", k: str | int = 4, cache: str = "none",
+                 cache_dir: str | None = None, tolerance: str | float | None = None, n_threads: str | int = 1,
+                 seed: str | int = 0, lora: str = "auto"):
+        self._llama_cpp = _import_llama_cpp()
+        from adapters import gguf_export
+        from reference_engine import checkpoints
+
+        self._ckpt = checkpoints
+        self.n_ctx = _int("n_ctx", n_ctx, 16)
+        self.kv_type = _choice("kv_type", kv_type, tuple(GGML_TYPE))
+        self.n_threads = _int("n_threads", n_threads)
+        self.seed = _int("seed", seed, 0)
+        try:
+            self.tolerance = TOLERANCE if tolerance in (None, "") else float(tolerance)
+        except ValueError:
+            raise UsageError(f"engine argument tolerance={tolerance!r} is not a number") from None
+        self._defaults = {"drafter": drafter, "k": k, "n_batch": n_batch, "cache": cache}
+        self._cache_dir_arg = cache_dir
+        lora_mode = _choice("lora", lora, ("auto", "off"))
+        # Export (idempotent, digest-named) every shipped checkpoint this adapter can use.
+        out_dir = pathlib.Path(gguf_dir) if gguf_dir else None
+        self.paths: dict[str, str] = {}
+        for rev, folder in checkpoints.REVISIONS.items():
+            self.paths[f"rev:{rev}"] = str(gguf_export.export_gguf(folder, out_dir))
+        if (checkpoints.CHECKPOINTS / checkpoints.DRAFT).is_dir():
+            self.paths["draft"] = str(gguf_export.export_gguf(checkpoints.DRAFT, out_dir))
+        self.adapters: tuple[str, ...] = ()
+        if lora_mode == "auto":
+            for name, folder in checkpoints.ADAPTERS.items():
+                if (checkpoints.CHECKPOINTS / folder).is_dir():
+                    self.paths[f"lora:{name}"] = str(gguf_export.export_gguf(folder, out_dir))
+            self.adapters = tuple(n for n in checkpoints.ADAPTERS if f"lora:{n}" in self.paths)
+        self._llms: dict[tuple[str, str | None], Any] = {}
+        self._baselines: dict[tuple, Baseline] = {}
+        self._targets: dict[tuple[str, str | None], Any] = {}
+        self._cache = None
+        self._tmp_cache_dir: str | None = None
+        self.config: dict[str, Any] = {}
+        try:
+            self.configure({})
+            if self.adapters:  # LoRA is optional: keep it only if llama.cpp accepts our GGUF adapters
+                try:
+                    for name in self.adapters:
+                        self._llm(Identity(revision="a", adapter=name))
+                except Exception as exc:  # noqa: BLE001
+                    self.lora_error = f"{type(exc).__name__}: {exc}"
+                    self.adapters = ()
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"llama.cpp failed to start: {type(exc).__name__}: {exc}") from exc
+
+    # ------------------------------------------------------------------ contract
+
+    def capabilities(self) -> Capabilities:
+        idents = {"revision"} | ({"adapter"} if self.adapters else set())
+        return Capabilities(
+            name="llama_cpp", vocab_size=1024, max_context=self.n_ctx, eos_id=2, block_size=16,
+            prefix_caching=True, reports_cached_tokens=True, speculation=True, reports_drafts=True,
+            chunked_prefill=True, evicts=False, top2_logits=True, identities=frozenset(idents),
+            revisions=("a", "b"), adapters=self.adapters, introspection=False, baseline_mode=False,
+            tolerance=self.tolerance, config_space=self._config_space(), min_hit_prompt=2,
+            version=self.version(),
+        )
+
+    def _config_space(self) -> dict[str, tuple]:
+        space = dict(CONFIG_SPACE)
+        if "draft" not in self.paths:
+            space["drafter"] = tuple(d for d in DRAFTERS if d != "draft_model")
+        # the default (the engine arguments) first: Hypothesis shrinks towards it
+        for knob, default in self._defaults.items():
+            v = self._parse_knob(knob, default)
+            space[knob] = (v, *[x for x in space[knob] if x != v])
+        return space
+
+    def version(self) -> str:
+        return f"llama-cpp-python {getattr(self._llama_cpp, '__version__', '?')}"
+
+    def _parse_knob(self, knob: str, value: Any) -> Any:
+        if knob == "drafter":
+            return _choice("drafter", value, DRAFTERS)
+        if knob == "cache":
+            return _choice("cache", value, CACHES)
+        if knob in ("k", "n_batch"):
+            return _int(knob, value)
+        raise UsageError(f"unknown llama_cpp knob {knob!r}; known: {', '.join(KNOBS)}")
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        merged = {**self._defaults, **dict(config or {})}
+        unknown = set(merged) - set(KNOBS)
+        if unknown:
+            raise UsageError(f"unknown llama_cpp knob(s) {sorted(unknown)}; known: {', '.join(KNOBS)}")
+        new = {k: self._parse_knob(k, v) for k, v in merged.items()}
+        if new["drafter"] == "draft_model" and "draft" not in self.paths:
+            raise UsageError("drafter=draft_model needs the tiny-draft checkpoint")
+        self._close_llms()
+        self.config = new
+        self._cache = self._new_cache(new["cache"])
+
+    def reset(self) -> None:
+        for llm in self._llms.values():
+            llm.reset()
+            dm = getattr(llm, "draft_model", None)
+            inner = getattr(dm, "inner", None)
+            if hasattr(inner, "reset"):
+                inner.reset()
+        self._cache = self._new_cache(self.config.get("cache", "none"))
+        for llm in self._llms.values():
+            llm.set_cache(self._cache)
+
+    def close(self) -> None:
+        self._close_llms()
+        self._cache = None
+        if self._tmp_cache_dir:
+            shutil.rmtree(self._tmp_cache_dir, ignore_errors=True)
+            self._tmp_cache_dir = None
+
+    def baseline(self, request: Request) -> Baseline:
+        key = request.oracle_key()
+        if key not in self._baselines:
+            from reference_engine.baseline import greedy
+
+            ident = (request.identity.revision, request.identity.adapter)
+            if ident not in self._targets:
+                self._targets[ident] = self._ckpt.load_target(*ident)
+            g = greedy(self._targets[ident], request.prompt, request.max_tokens, request.stop_ids, 2)
+            self._baselines[key] = Baseline(g.output, g.finish_reason, g.margins, g.runner_up)
+        return self._baselines[key]
+
+    def run(self, requests: Sequence[Request]) -> list[Result]:
+        # llama-cpp-python serves one sequence at a time: a batch runs in arrival order.
+        return [self._run_one(r) for r in requests]
+
+    # ------------------------------------------------------------------ internals
+
+    def _new_cache(self, kind: str):
+        from llama_cpp import LlamaDiskCache, LlamaRAMCache
+
+        if kind == "ram":
+            return LlamaRAMCache(capacity_bytes=2 << 30)
+        if kind == "disk":
+            if self._cache_dir_arg:
+                d = self._cache_dir_arg
+            else:
+                if not self._tmp_cache_dir:
+                    self._tmp_cache_dir = tempfile.mkdtemp(prefix="kvparity-llama-cache-")
+                d = self._tmp_cache_dir
+            cache = LlamaDiskCache(cache_dir=d, capacity_bytes=2 << 30)
+            cache.cache.clear()
+            return cache
+        return None
+
+    def _close_llms(self) -> None:
+        for llm in self._llms.values():
+            try:
+                dm = getattr(llm, "draft_model", None)
+                inner = getattr(dm, "inner", None)
+                if hasattr(inner, "llm"):
+                    inner.llm.close()
+                llm.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._llms.clear()
+
+    def _llm(self, identity: Identity):
+        key = (identity.revision, identity.adapter)
+        if key in self._llms:
+            return self._llms[key]
+        if f"rev:{identity.revision}" not in self.paths:
+            raise UsageError(f"unknown revision {identity.revision!r}")
+        if identity.adapter is not None and identity.adapter not in self.adapters:
+            raise UsageError(f"unknown or unloadable adapter {identity.adapter!r}")
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        c = self.config
+        kv = GGML_TYPE[self.kv_type]
+        drafter = None
+        if c["drafter"] == "prompt_lookup":
+            drafter = CountingDrafter(LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=c["k"]), c["k"])
+        elif c["drafter"] == "draft_model":
+            drafter = CountingDrafter(GgufDraftModel(self.paths["draft"], c["k"], self.n_ctx, self.n_threads, kv,
+                                                     self.seed), c["k"])
+        elif c["drafter"] == "adversarial":
+            drafter = CountingDrafter(AdversarialDrafter(c["k"], 1024, self.seed), c["k"])
+        kwargs: dict[str, Any] = {}
+        if identity.adapter is not None:
+            kwargs["lora_path"] = self.paths[f"lora:{identity.adapter}"]
+        llm = Llama(model_path=self.paths[f"rev:{identity.revision}"], n_ctx=self.n_ctx, n_batch=c["n_batch"],
+                    n_ubatch=c["n_batch"], n_threads=self.n_threads, n_threads_batch=self.n_threads,
+                    type_k=kv, type_v=kv, logits_all=True, seed=self.seed, draft_model=drafter,
+                    verbose=False, **kwargs)
+        llm.set_cache(self._cache)
+        self._llms[key] = llm
+        return llm
+
+    def _run_one(self, req: Request) -> Result:
+        from llama_cpp import Llama
+
+        if len(req.prompt) + req.max_tokens > self.n_ctx:
+            raise UsageError(f"request {req.id}: prompt + max_tokens exceeds n_ctx={self.n_ctx}")
+        try:
+            llm = self._llm(req.identity)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"llama.cpp failed to load {req.identity.label()}: {exc}") from exc
+        prompt = list(req.prompt)
+        source = "context"
+        t0 = time.perf_counter()
+        try:
+            # --- LlamaRAMCache / LlamaDiskCache lookup, exactly as Llama._create_completion does it
+            if llm.cache:
+                try:
+                    item = llm.cache[prompt]
+                    cache_prefix = Llama.longest_token_prefix(item.input_ids.tolist(), prompt)
+                    eval_prefix = Llama.longest_token_prefix(llm._input_ids.tolist(), prompt)
+                    if cache_prefix > eval_prefix:
+                        llm.load_state(item)
+                        source = self.config["cache"]
+                except KeyError:
+                    pass
+            observed: list[int] = []
+            orig_eval = llm.eval
+
+            def eval_spy(tokens, _orig=orig_eval):
+                if not observed:
+                    observed.append(int(llm.n_tokens))
+                return _orig(tokens)
+
+            llm.eval = eval_spy
+            drafter = getattr(llm, "draft_model", None)
+            if drafter is not None:
+                drafter.calls.clear()
+            output: list[int] = []
+            finish = "length"
+            stop = frozenset(req.stop_ids)
+            try:
+                for tok in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+                    tok = int(tok)
+                    output.append(tok)
+                    if tok == 2:
+                        finish = "eos"
+                        break
+                    if tok in stop:
+                        finish = "stop"
+                        break
+                    if len(output) >= req.max_tokens:
+                        break
+            finally:
+                del llm.eval
+            elapsed = time.perf_counter() - t0
+            # top-1/top-2 of the logits each output token was sampled from (logits_all=True)
+            top2 = []
+            for j in range(len(output)):
+                row = np.asarray(llm.scores[len(prompt) - 1 + j], dtype=np.float64)
+                i1, i2 = np.argpartition(-row, 1)[:2]
+                if row[i2] > row[i1]:
+                    i1, i2 = i2, i1
+                top2.append((int(i1), float(row[i1]), int(i2), float(row[i2])))
+            if llm.cache:
+                llm.cache[prompt + output] = llm.save_state()
+        except (UsageError, EngineError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"llama.cpp failed on request {req.id}: {type(exc).__name__}: {exc}") from exc
+        cached = observed[0] if observed else 0
+        if cached == 0:
+            source = "none"
+        proposed = accepted = None
+        if drafter is not None:
+            proposed, accepted = _accepted(len(prompt), output, drafter.calls)
+        return Result(
+            request_id=req.id, output=tuple(output), finish_reason=finish, cached_tokens=cached,
+            draft_proposed=proposed, draft_accepted=accepted, top2=tuple(top2),
+            timings={"wall_s": elapsed},
+            extra={"cached_source": source, "cached_count": "observed (n_tokens at first eval)",
+                   **({"draft_counts": "adapter-observed"} if drafter is not None else {}),
+                   "config": dict(self.config)},
+        )
