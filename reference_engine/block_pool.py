@@ -15,6 +15,7 @@ plugged in through `cache` so a block whose refcount drops to 0 is parked there 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -171,15 +172,45 @@ class PagedKV:
             # Slot indices of positions 0..length-1 of this sequence, in order.
             self.gather.append(((table[:nblocks, None] * bs + torch.arange(bs)[None, :]).reshape(-1))[:length])
         self.slots = torch.cat(slots) if slots else torch.empty(0, dtype=torch.long)
+        # Single-token segments (plain decodes) are attended together, padded to the longest: one set of
+        # kernels per layer instead of one per sequence. Padding is masked, so it cannot leak.
+        self.singles = [i for i, seg in enumerate(segments) if seg.n == 1]
+        if len(self.singles) > 1:
+            longest = max(len(self.gather[i]) for i in self.singles)
+            self.pad_gather = torch.stack([torch.cat([self.gather[i], self.gather[i].new_zeros(longest - len(self.gather[i]))])
+                                           for i in self.singles])
+            lengths = torch.tensor([len(self.gather[i]) for i in self.singles])
+            self.pad_mask = torch.arange(longest)[None, :] >= lengths[:, None]  # [B, L]
+            offsets = torch.cumsum(torch.tensor([0] + [seg.n for seg in segments]), 0)
+            self.single_rows = offsets[torch.tensor(self.singles)]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
         kc, vc = self.pool.k[layer], self.pool.v[layer]
         kc.index_copy_(0, self.slots, k)
         vc.index_copy_(0, self.slots, v)
+        batched = len(self.singles) > 1
         out, offset = [], 0
         for seg, pos, idx in zip(self.segments, self.true_positions, self.gather):
-            qs = q[offset:offset + seg.n]
-            out.append(causal_attention(qs, kc[idx], vc[idx], pos))
+            if not (batched and seg.n == 1):
+                qs = q[offset:offset + seg.n]
+                out.append(causal_attention(qs, kc[idx], vc[idx], pos))
+            else:
+                out.append(None)
             offset += seg.n
+        if batched:
+            for i, row in zip(self.singles, self._decode_attention(q, kc, vc)):
+                out[i] = row[None]
         return torch.cat(out)
+
+    def _decode_attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        """Attention of every single-token segment at once: q [B, H, D] over padded K/V [B, L, KVH, D]."""
+        qb = q[self.single_rows]
+        k, v = kc[self.pad_gather], vc[self.pad_gather]
+        heads, kv_heads = qb.shape[1], k.shape[2]
+        if heads != kv_heads:
+            k = k.repeat_interleave(heads // kv_heads, dim=2)
+            v = v.repeat_interleave(heads // kv_heads, dim=2)
+        scores = torch.einsum("bhd,blhd->bhl", qb, k) / math.sqrt(qb.shape[-1])
+        scores = scores.masked_fill(self.pad_mask[:, None, :], float("-inf"))
+        return torch.einsum("bhl,blhd->bhd", scores.softmax(dim=-1), v)

@@ -52,6 +52,7 @@ class ModelRegistry:
         self._models: dict[tuple, Llama] = {}
         self._base: dict[str, Llama] = {}
         self._draft: Llama | None = None
+        self._identities: dict[Identity, CacheIdentity] = {}  # memo; cleared when an adapter is rebound
 
     @classmethod
     def from_models(cls, revisions: dict[str, Llama], adapters: dict[str, Llama] | None = None,
@@ -82,6 +83,8 @@ class ModelRegistry:
             raise UnknownAdapterError(f"no adapter weights at {weights}")
         digest = checkpoints.file_digest(weights)
         self.adapters[name] = (digest, lambda base, folder=folder: checkpoints.merge_lora(base, folder))
+        if hasattr(self, "_identities"):
+            self._identities.clear()
         return digest
 
     def validate(self, identity: Identity) -> None:
@@ -90,10 +93,15 @@ class ModelRegistry:
             raise UnknownAdapterError(f"unknown adapter {identity.adapter!r}; known: {sorted(self.adapters)}")
 
     def cache_identity(self, identity: Identity) -> CacheIdentity:
+        memo = self._identities.get(identity)
+        if memo is not None and (identity.adapter is None or self.adapters[identity.adapter][0] == memo.adapter_digest):
+            return memo
         self.validate(identity)
         digest = self.adapters[identity.adapter][0] if identity.adapter is not None else None
-        return CacheIdentity(identity.revision, self.revision_digest(identity.revision), identity.adapter,
-                             digest, identity.salt)
+        resolved = CacheIdentity(identity.revision, self.revision_digest(identity.revision), identity.adapter,
+                                 digest, identity.salt)
+        self._identities[identity] = resolved
+        return resolved
 
     def weights_key(self, identity: Identity) -> tuple:
         """Requests with equal weights keys run in the same forward pass (salt does not matter)."""
