@@ -285,18 +285,13 @@ def schedule_independence(h: History) -> CheckResult:
                          "scheduling (chunking, batching, arrival order)")
 
 
-def batch_evictions(b: BatchRecord, previous_snapshot_count: int | None) -> tuple[bool, int | None]:
+def batch_evicted(b: BatchRecord) -> bool:
     """Did this batch evict? Evidence: Result.extra["evictions"] > 0, or snapshot["evictions"] (a running
-    counter) grew since the previous snapshot. Returns (evicted, counter to carry forward)."""
-    evicted = any(int(r.extra.get("evictions", 0) or 0) > 0 for r in b.results)
-    count = previous_snapshot_count
-    if b.snapshot is not None and b.snapshot.get("evictions") is not None:
-        count = int(b.snapshot["evictions"])
-        if previous_snapshot_count is not None and count > previous_snapshot_count:
-            evicted = True
-        if previous_snapshot_count is None and count > 0:
-            evicted = True
-    return evicted, count
+    counter) grew since the snapshot before the batch (taken after a reset or the previous batch)."""
+    if any(int(r.extra.get("evictions", 0) or 0) > 0 for r in b.results):
+        return True
+    after = (b.snapshot or {}).get("evictions")
+    return after is not None and b.evictions_before is not None and int(after) > b.evictions_before
 
 
 @check("eviction_safety", title="output unchanged when blocks are evicted and reused", severity="high",
@@ -304,12 +299,10 @@ def batch_evictions(b: BatchRecord, previous_snapshot_count: int | None) -> tupl
 def eviction_safety(h: History) -> CheckResult:
     """Output unchanged when the cache is too small and blocks are evicted and reused."""
     f = Findings("eviction_safety")
-    counter: int | None = None
     for ex in h.examples:
         evicted_epoch = None
         for b in ex.batches:
-            evicted, counter = batch_evictions(b, counter)
-            if evicted:
+            if batch_evicted(b):
                 evicted_epoch = (b.epoch, b.segment)
                 f.stats["evicting_batches"] += 1
             if evicted_epoch != (b.epoch, b.segment):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from conformance.contract import Identity, Request, Result
-from conformance.checks import (Findings, batch_evictions, check, chunked, context_prose, lcp, occurrences,
+from conformance.checks import (Findings, batch_evicted, check, chunked, context_prose, lcp, occurrences,
                                 request_json, vs_baseline)
 from conformance.history import BatchRecord, History
 from conformance.verdicts import FAIL, INCONCLUSIVE, PASS, CheckResult
@@ -179,10 +179,8 @@ def exercised(h: History) -> CheckResult:
     caps = h.capabilities
     if caps is None:
         return CheckResult("exercised", INCONCLUSIVE, notes=("no capabilities recorded",))
-    counter = None
     for b in h.batches():
-        evicted, counter = batch_evictions(b, counter)
-        f.stats["evictions"] += int(evicted)
+        f.stats["evictions"] += int(batch_evicted(b))
         for q, r in zip(b.requests, b.results):
             f.stats["results"] += 1
             f.stats["cached_tokens"] += r.cached_tokens or 0
@@ -217,9 +215,9 @@ def _positive_control(f: Findings, h: History) -> None:
     assert caps is not None
     for ex in h.examples:
         seen: dict[tuple, int] = {}
-        state, counter = None, None
+        state = None
         for b in ex.batches:
-            evicted, counter = batch_evictions(b, counter)
+            evicted = batch_evicted(b)
             if (b.epoch, b.segment) != state or evicted or _caching_disabled(b.config):
                 seen, state = {}, (b.epoch, b.segment)
                 if evicted or _caching_disabled(b.config):

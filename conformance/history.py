@@ -7,7 +7,7 @@ Every line is one event, flushed and fsynced as it is written:
     run_start  {engine, engine_args, capabilities, versions, seed, profile}
     example    {index}                        one Hypothesis example (or one replay) starts
     config     {config}                       engine.configure(config) was called
-    reset      {}                             engine.reset() was called
+    reset      {snapshot?}                    engine.reset() returned (white-box: the pool at rest)
     batch      {requests, results, snapshot}  engine.run(requests) answered (snapshot: white-box, optional)
     baseline   {key, baseline}                the oracle's answer for one oracle key (memoized, written once)
     error      {cause, requests?}             the engine crashed, hung or answered malformed
@@ -160,6 +160,8 @@ class BatchRecord:
     requests: tuple[Request, ...] = field(converter=tuple)
     results: tuple[Result, ...] = field(converter=tuple)
     snapshot: Mapping[str, Any] | None = None
+    # snapshot["evictions"] as last seen before this batch (after a reset or an earlier batch), if known
+    evictions_before: int | None = None
 
     def pairs(self) -> Iterable[tuple[int, Request, Result]]:
         return ((i, q, r) for i, (q, r) in enumerate(zip(self.requests, self.results)))
@@ -219,6 +221,7 @@ def parse(events: Iterable[Mapping[str, Any]]) -> History:
     current: Example | None = None
     epoch = segment = 0
     config: Mapping[str, Any] = {}
+    evictions: int | None = None
 
     def example() -> Example:
         nonlocal current
@@ -238,6 +241,7 @@ def parse(events: Iterable[Mapping[str, Any]]) -> History:
             h.examples.append(current)
             epoch = segment = 0
             config = {}
+            evictions = None
         elif kind == "baseline":
             h.baselines[ev["key"]] = baseline_from(ev["baseline"])
         elif kind == "config":
@@ -249,13 +253,18 @@ def parse(events: Iterable[Mapping[str, Any]]) -> History:
             ex = example()
             ex.events.append(dict(ev))
             epoch += 1
+            if (ev.get("snapshot") or {}).get("evictions") is not None:
+                evictions = int(ev["snapshot"]["evictions"])
         elif kind == "batch":
             ex = example()
             ex.events.append(dict(ev))
             ex.batches.append(BatchRecord(
                 example=ex.index, index=len(ex.batches), epoch=epoch, segment=segment, config=config,
                 requests=[request_from(r) for r in ev["requests"]],
-                results=[result_from(r) for r in ev["results"]], snapshot=ev.get("snapshot")))
+                results=[result_from(r) for r in ev["results"]], snapshot=ev.get("snapshot"),
+                evictions_before=evictions))
+            if (ev.get("snapshot") or {}).get("evictions") is not None:
+                evictions = int(ev["snapshot"]["evictions"])
         elif kind == "error":
             ex = example()
             ex.events.append(dict(ev))

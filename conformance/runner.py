@@ -113,24 +113,39 @@ class ScenarioRunner:
                  timeout_s: float = 300.0) -> None:
         self.engine, self.writer, self.oracle, self.caps, self.timeout_s = engine, writer, oracle, caps, timeout_s
         self.introspect = caps.introspection and isinstance(engine, Introspectable)
+        self.resolved: dict[str, tuple[Request, Result]] = {}
 
     def run(self, steps: Sequence[Step], example: int) -> None:
         """Run one scenario from a cold cache. Raises EngineError after recording an `error` event."""
+        self.begin(example)
+        for step in steps:
+            self.step(step)
+
+    def begin(self, example: int) -> None:
+        """Start an example (or a stateful session): record it and flush the engine's cache."""
         self.writer.append("example", index=example)
-        resolved: dict[str, tuple[Request, Result]] = {}
-        pending: list[Request] = []
+        self.resolved = {}
+        self._guarded([], self.reset)
+
+    def step(self, step: Step) -> list[Request]:
+        """Execute one step; returns the resolved requests of a batch (empty otherwise)."""
+        if isinstance(step, Configure):
+            self.writer.append("config", config=dict(step.config))
+            self._guarded([], lambda: call_with_timeout(lambda: self.engine.configure(dict(step.config)),
+                                                       self.timeout_s, "configure"))
+            return []
+        if isinstance(step, Reset):
+            self._guarded([], self.reset)
+            return []
+        pending = [self.resolve(item, self.resolved) for item in step.items]
+        self._guarded(pending, lambda: self.batch(pending, self.resolved))
+        return pending
+
+    def _guarded(self, pending: list[Request], action: Callable[[], Any]) -> None:
+        """Run an engine action; on any failure record an `error` event (with the requests in flight)
+        and raise EngineError with a one-line cause."""
         try:
-            self.reset()
-            for step in steps:
-                pending = []
-                if isinstance(step, Configure):
-                    self.writer.append("config", config=dict(step.config))
-                    call_with_timeout(lambda: self.engine.configure(dict(step.config)), self.timeout_s, "configure")
-                elif isinstance(step, Reset):
-                    self.reset()
-                elif isinstance(step, Batch):
-                    pending = [self.resolve(item, resolved) for item in step.items]
-                    self.batch(pending, resolved)
+            action()
         except EngineError as exc:
             self.writer.append("error", cause=one_line(exc), requests=[encode(q) for q in pending])
             raise
@@ -140,8 +155,11 @@ class ScenarioRunner:
             raise EngineError(cause) from exc
 
     def reset(self) -> None:
-        self.writer.append("reset")
         call_with_timeout(self.engine.reset, self.timeout_s, "reset")
+        snapshot = None
+        if self.introspect:
+            snapshot = dict(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
+        self.writer.append("reset", snapshot=snapshot)
 
     def resolve(self, item: Request | Continuation, resolved: Mapping[str, tuple[Request, Result]]) -> Request:
         if isinstance(item, Request):
@@ -227,7 +245,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
               profile: str = "dev", checks: Sequence[str] | None = None,
               report_dir: str | os.PathLike[str] = "reports", seed: int | None = None,
               max_examples: int | None = None, timeout_s: float = 300.0,
-              database_dir: str | os.PathLike[str] | None = None) -> RunOutcome:
+              database_dir: str | os.PathLike[str] | None = None, shrink: bool = True) -> RunOutcome:
     """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/`."""
     from conformance.report import write_report
 
@@ -252,6 +270,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
             overrides["max_examples"] = max_examples
         if seed is not None:
             overrides["derandomize"] = False
+        if not shrink:  # faster when only the verdict matters (the suite's own tests)
+            overrides["phases"] = tuple(p for p in _PHASES if p is not Phase.shrink)
 
         @settings(base_settings, **overrides)
         @given(scenarios(caps, max_steps=PROFILES[profile]))
