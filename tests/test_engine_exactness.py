@@ -41,14 +41,14 @@ def engine_configs(draw) -> EngineConfig:
 @st.composite
 def rounds(draw):
     """Rounds of requests: (request_id, prompt, max_tokens, stop_ids, identity, arrival_step, abort_step)."""
-    roots = draw(st.lists(st.lists(TOKENS, min_size=1, max_size=MAX_PROMPT), min_size=1, max_size=3))
+    roots = draw(st.lists(st.lists(TOKENS, min_size=6, max_size=MAX_PROMPT), min_size=1, max_size=3))
     out, n = [], 0
-    for _ in range(draw(st.integers(1, 3))):
+    for _ in range(draw(st.integers(1, 4))):
         batch = []
         for _ in range(draw(st.integers(1, 4))):
             root = draw(st.sampled_from(roots))
-            cut = draw(st.integers(0, len(root)))
-            prompt = (root[:cut] + draw(st.lists(TOKENS, max_size=12)))[:MAX_PROMPT] or [5]
+            cut = draw(st.one_of(st.just(len(root)), st.integers(0, len(root))))
+            prompt = (root[:cut] + draw(st.lists(TOKENS, max_size=6)))[:MAX_PROMPT] or [5]
             stop = draw(st.lists(TOKENS, max_size=2))
             batch.append((f"r{n}", tuple(prompt), draw(st.integers(1, MAX_NEW)), tuple(stop),
                           draw(st.sampled_from(IDENTITIES)), draw(st.integers(0, 3)),
