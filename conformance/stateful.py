@@ -34,7 +34,7 @@ def session_machine(engine: Engine, checks: Sequence[str] | None = None, writer:
     `writer` lets a caller keep the session histories on disk; by default they stay in memory.
     """
     caps = engine.capabilities()
-    names = [n for n in select_checks(checks) if n != "exercised"]
+    names = select_checks(checks)
     writer = writer or HistoryWriter(None)
     oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
     identities = all_identities(caps)

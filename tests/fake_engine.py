@@ -144,7 +144,7 @@ class FakeDictEngine:
             extra["evictions"] = self.evictions - before
         reported = cached
         if self.bug == "overreport" and cached:
-            reported = cached + 1
+            reported = min(cached + b, n - 1)  # one phantom block
         if self.bug == "phantom" and n > 1:
             reported = max(cached, min(n - 1, b))
         if self.bug == "full_hit" and cached:

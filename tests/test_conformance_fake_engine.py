@@ -1,0 +1,86 @@
+"""End to end against the FAKE engine (tests/fake_engine.py): the clean fake passes, each injected bug is
+caught by the check it belongs to, crashes are errors, and the report directory is complete."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from conformance.runner import ConformanceFailure, run_suite
+from conformance.stateful import session_machine
+from fake_engine import FakeDictEngine
+
+
+def run(tmp_path, bug="none", shrink=False, max_examples=40, checks=None, **kw):
+    engine = FakeDictEngine(bug=bug, **kw)
+    return run_suite(engine, engine_name=f"fake-{bug}", profile="dev", report_dir=tmp_path / "reports", seed=7,
+                     max_examples=max_examples, database_dir=tmp_path / "db", shrink=shrink, timeout_s=2,
+                     checks=checks)
+
+
+def test_clean_fake_passes_and_writes_a_complete_report(tmp_path):
+    outcome = run(tmp_path)
+    assert outcome.verdict == "pass", {k: (v.status, v.notes) for k, v in outcome.analysis.checks.items()}
+    assert outcome.exit_code == 0
+    for name in ("history.jsonl", "results.json", "report.md", "report.html", "junit.xml"):
+        assert (outcome.run_dir / name).is_file()
+    results = json.loads((outcome.run_dir / "results.json").read_text())
+    assert results["verdict"] == "pass" and set(results["checks"]) >= {"parity", "isolation", "exercised"}
+    assert "<svg" in (outcome.run_dir / "report.html").read_text()
+
+
+@pytest.mark.parametrize("bug,check", [
+    ("salt_leak", "isolation"),
+    ("overreport", "isolation"),
+    ("phantom", "isolation"),
+    ("full_hit", "prefix_only"),
+    ("wrong_after_hit", "parity"),
+    ("wrong_after_hit", "history_independence"),
+    ("spec_wrong", "spec_independence"),
+    ("spec_overaccept", "accounting"),
+    ("chunk_wrong", "schedule_independence"),
+    ("leak_blocks", "rollback_hygiene"),
+    ("no_report", "exercised"),
+])
+def test_injected_bug_is_caught_by_its_check(tmp_path, bug, check):
+    outcome = run(tmp_path, bug, max_examples=100, checks=[check])
+    assert outcome.analysis.checks[check].status == "fail", outcome.analysis.checks[check]
+    assert outcome.exit_code == 1
+
+
+def test_near_ties_are_counted_not_failed_under_tolerance(tmp_path):
+    lenient = run(tmp_path, "near_tie", tolerance="5")
+    assert lenient.analysis.checks["parity"].status == "pass" and lenient.analysis.near_ties > 0
+    strict = run(tmp_path, "near_tie", tolerance="0")
+    assert strict.analysis.checks["parity"].status == "fail"
+
+
+def test_failure_is_shrunk_to_a_small_witness_with_replay_command(tmp_path):
+    outcome = run(tmp_path, "wrong_after_hit", shrink=True)
+    (f,) = [f for f in outcome.analysis.failures if f.check == "parity"]
+    assert len(f.witness["request"]["prompt"]) <= 2 * 4 + 1  # one cached block and the last token
+    witness = outcome.run_dir / "witnesses" / f"{f.case_id}.json"
+    assert witness.is_file() and f"kvparity replay {witness}" in (outcome.run_dir / "report.md").read_text()
+
+
+@pytest.mark.parametrize("bug,cause", [("crash", "RuntimeError: fake engine crashed"),
+                                       ("malformed", "run() returned list of length"),
+                                       ("hang", "timed out")])
+def test_engine_crash_hang_or_malformed_answer_is_an_error_with_history_kept(tmp_path, bug, cause):
+    outcome = run(tmp_path, bug)
+    assert outcome.verdict == "error" and outcome.exit_code == 3
+    assert cause in outcome.analysis.errors[0] and "\n" not in outcome.analysis.errors[0]
+    events = [json.loads(l)["event"] for l in (outcome.run_dir / "history.jsonl").read_text().splitlines()]
+    assert events[0] == "run_start" and "error" in events
+
+
+def test_state_machine_passes_clean_fake_and_catches_a_leak():
+    fast = settings(max_examples=10, stateful_step_count=6, deadline=None, database=None,
+                    phases=[Phase.generate])
+    run_state_machine_as_test(session_machine(FakeDictEngine()), settings=fast)
+    with pytest.raises(ConformanceFailure):
+        run_state_machine_as_test(session_machine(FakeDictEngine(bug="wrong_after_hit")),
+                                  settings=settings(fast, max_examples=50))

@@ -1,0 +1,108 @@
+"""The history format round-trips the contract types and survives a crash; the oracle is memoized and
+tie-aware; strategies respect what the engine declares."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conformance.contract import Baseline, Capabilities, Identity, Request, Result
+from conformance.history import (HistoryWriter, capabilities_from, encode, load, read_events, request_from,
+                                 result_from)
+from conformance.oracle import DIVERGE, EQUAL, FINISH, NEAR_TIE, Oracle, compare, compare_pair
+from conformance.strategies import (Batch, Configure, Continuation, all_identities, max_prompt_len, scenarios,
+                                    step_from_json, step_to_json, token_range)
+
+CAPS = Capabilities(name="t", vocab_size=64, max_context=128, eos_id=5, block_size=4, identities={"salt", "adapter"},
+                    adapters=("l1",), config_space={"spec_k": (0, 2)}, tolerance=0.25)
+
+
+def test_contract_values_round_trip_through_json():
+    q = Request("r1", [1, 2, 3], 4, (9,), Identity(revision="b", adapter="l1", adapter_digest="abc", salt="s"))
+    r = Result("r1", [4, 5], "stop", cached_tokens=2, draft_proposed=3, draft_accepted=1,
+               top2=((4, 1.5, 6, 1.0),), timings={"ttft": 0.1}, extra={"evictions": 1})
+    assert request_from(json.loads(json.dumps(encode(q)))) == q
+    assert result_from(json.loads(json.dumps(encode(r)))) == r
+    assert capabilities_from(json.loads(json.dumps(encode(CAPS)))) == CAPS
+
+
+def test_history_is_on_disk_before_checking_and_a_torn_line_is_dropped(tmp_path):
+    path = tmp_path / "history.jsonl"
+    w = HistoryWriter(path)
+    w.append("run_start", engine="e", capabilities=CAPS)
+    w.append("example", index=0)
+    w.append("batch", requests=[Request("a", [1, 2], 1)], results=[Result("a", [7], "length")])
+    assert len(path.read_text().splitlines()) == 3  # flushed, without closing
+    with open(path, "a") as fh:
+        fh.write('{"event": "batch", "requ')  # the process died mid-write
+    assert len(read_events(path)) == 3
+    h = load(path)
+    assert h.capabilities == CAPS and h.examples[0].batches[0].results[0].output == (7,)
+
+
+def test_oracle_is_memoized_by_oracle_key_and_ignores_salt():
+    calls = []
+
+    def compute(q):
+        calls.append(q.id)
+        return Baseline([1], "length", [1.0])
+
+    seen = []
+    oracle = Oracle(compute, lambda key, b: seen.append(key))
+    oracle(Request("a", [1, 2], 1, identity=Identity(salt="x")))
+    oracle(Request("b", [1, 2], 1, identity=Identity(salt="y")))
+    oracle(Request("c", [1, 2], 1, identity=Identity(adapter="l1")))
+    assert calls == ["a", "c"] and len(seen) == 2
+
+
+def test_compare_kinds():
+    base = Baseline([1, 2, 3], "length", [3.0, 0.1, 3.0], [9, 8, 7])
+    assert compare(base, [1, 2, 3], "length", 0.25).kind == EQUAL
+    assert compare(base, [1, 2, 3], "eos", 0.25).kind == FINISH
+    assert compare(base, [1, 8, 4], "length", 0.25).kind == NEAR_TIE  # runner-up at a tie: nothing after compared
+    assert compare(base, [1, 7, 3], "length", 0.25).kind == DIVERGE  # not the runner-up
+    assert compare(base, [1, 8, 3], "length", 0.0).kind == DIVERGE  # tau = 0: no ties
+    c = compare(base, [1, 2], "length", 0.25)
+    assert (c.kind, c.position, c.expected, c.got) == (DIVERGE, 2, 3, None)
+
+
+def test_compare_pair_near_tie_only_on_the_baseline_path():
+    base = Baseline([1, 2, 3], "length", [3.0, 0.1, 3.0], [9, 8, 7])
+    assert compare_pair([1, 2, 3], "length", [1, 8, 3], "length", base, 0.25).kind == NEAR_TIE
+    assert compare_pair([4, 2, 3], "length", [4, 8, 3], "length", base, 0.25).kind == DIVERGE
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(scenarios(CAPS))
+def test_scenarios_respect_declared_capabilities(steps):
+    lo, hi = token_range(CAPS)
+    idents = set(all_identities(CAPS))
+    for step in steps:
+        if isinstance(step, Configure):
+            assert all(v in CAPS.config_space[k] for k, v in step.config.items())
+        if isinstance(step, Batch):
+            assert 1 <= len(step.items) <= 4
+            for item in step.items:
+                assert 1 <= item.max_tokens <= 16 and item.identity in idents
+                tokens = item.extra if isinstance(item, Continuation) else item.prompt
+                assert all(lo <= t <= hi and t != CAPS.eos_id for t in tokens)
+                if isinstance(item, Request):
+                    assert 1 <= len(item.prompt) <= max_prompt_len(CAPS)
+        assert step_from_json(json.loads(json.dumps(step_to_json(step)))) == step
+
+
+def test_prompt_lengths_concentrate_at_block_multiples():
+    from conformance.strategies import prompt_lengths
+
+    lengths = []
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(prompt_lengths(CAPS))
+    def collect(n):
+        lengths.append(n)
+
+    collect()
+    near = sum(n % CAPS.block_size in (0, 1, CAPS.block_size - 1) for n in lengths)
+    assert near / len(lengths) > 0.6
