@@ -15,14 +15,14 @@ plugged in through `cache` so a block whose refcount drops to 0 is parked there 
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import TYPE_CHECKING
 
 import attrs
 import torch
+import torch.nn.functional as F
 
-from reference_engine.model import LlamaConfig, causal_attention
+from reference_engine.model import LlamaConfig
 
 if TYPE_CHECKING:
     from reference_engine.prefix_cache import PrefixCache
@@ -156,61 +156,65 @@ class PagedKV:
     queries attend over that sequence's KV gathered from its blocks. The slot and the causal mask use
     the engine's bookkeeping of positions, while RoPE used the `positions` fed to the model: so a wrong
     position (chunk offset bug) corrupts exactly what it corrupts in real engines, the rotation.
+
+    Speed: everything that does not depend on the layer (slots, gather indices, masks) is computed once
+    here, with a handful of tensor ops rather than a loop per token. Segments are attended in padded
+    batches, one batch per query-count bucket (1, 2-3, 4-7, ...: decodes together, verifications
+    together, prefill chunks together), so padding wastes at most half a batch's queries. Padding is
+    masked out (padded queries repeat a real row and are dropped), so it cannot leak into the output.
     """
 
     def __init__(self, pool: BlockPool, segments: list[Segment]) -> None:
         self.pool, self.segments = pool, segments
         bs = pool.block_size
-        slots, self.true_positions, self.gather = [], [], []
-        for seg in segments:
-            pos = torch.arange(seg.start, seg.start + seg.n)
-            table = torch.tensor(seg.block_table, dtype=torch.long)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            self.true_positions.append(pos)
-            length = seg.start + seg.n
-            nblocks = -(-length // bs)
-            # Slot indices of positions 0..length-1 of this sequence, in order.
-            self.gather.append(((table[:nblocks, None] * bs + torch.arange(bs)[None, :]).reshape(-1))[:length])
-        self.slots = torch.cat(slots) if slots else torch.empty(0, dtype=torch.long)
-        # Single-token segments (plain decodes) are attended together, padded to the longest: one set of
-        # kernels per layer instead of one per sequence. Padding is masked, so it cannot leak.
-        self.singles = [i for i, seg in enumerate(segments) if seg.n == 1]
-        if len(self.singles) > 1:
-            longest = max(len(self.gather[i]) for i in self.singles)
-            self.pad_gather = torch.stack([torch.cat([self.gather[i], self.gather[i].new_zeros(longest - len(self.gather[i]))])
-                                           for i in self.singles])
-            lengths = torch.tensor([len(self.gather[i]) for i in self.singles])
-            self.pad_mask = torch.arange(longest)[None, :] >= lengths[:, None]  # [B, L]
-            offsets = torch.cumsum(torch.tensor([0] + [seg.n for seg in segments]), 0)
-            self.single_rows = offsets[torch.tensor(self.singles)]
+        n = torch.tensor([seg.n for seg in segments], dtype=torch.long)
+        start = torch.tensor([seg.start for seg in segments], dtype=torch.long)
+        length = start + n
+        first_row = torch.cumsum(n, 0) - n  # row of each segment's first token in the batch
+        width = max(1, int(-(-length.max() // bs))) if segments else 1
+        tables = torch.tensor([list(seg.block_table[:width]) + [0] * (width - min(width, len(seg.block_table)))
+                               for seg in segments], dtype=torch.long).reshape(len(segments), width)
+        # Slot of every position 0..width*bs-1 of every segment: [S, width * bs].
+        self.slot_of = (tables[:, :, None] * bs + torch.arange(bs)).reshape(len(segments), -1)
+        # The new tokens, in batch order: their segment and true position, hence their slot.
+        seg_of_row = torch.repeat_interleave(torch.arange(len(segments)), n)
+        true_pos = start[seg_of_row] + torch.arange(int(n.sum())) - first_row[seg_of_row]
+        self.slots = self.slot_of[seg_of_row, true_pos]
+        self.groups = [self._group(torch.tensor(members), n, start, length, first_row)
+                       for members in self._buckets(segments).values()]
+
+    @staticmethod
+    def _buckets(segments: list[Segment]) -> dict[int, list[int]]:
+        buckets: dict[int, list[int]] = {}
+        for i, seg in enumerate(segments):
+            buckets.setdefault(seg.n.bit_length(), []).append(i)
+        return buckets
+
+    def _group(self, members: torch.Tensor, n: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
+               first_row: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Index tensors for one padded attention batch of segments `members`:
+        q_rows [B, Tq] (batch rows of the queries; padding repeats a segment's last row), keys [B, L]
+        (slots of positions 0..L-1), mask [B, 1, Tq, L] (True = may attend), keep [rows] (flat indices
+        of the real queries in [B*Tq]) and rows (their batch rows)."""
+        nq, lq = n[members], length[members]
+        tq, lk = int(nq.max()), int(lq.max())
+        t = torch.arange(tq)
+        q_rows = first_row[members, None] + torch.minimum(t[None, :], nq[:, None] - 1)
+        q_pos = start[members, None] + torch.minimum(t[None, :], nq[:, None] - 1)
+        keys = self.slot_of[members, :lk]
+        mask = (torch.arange(lk)[None, None, :] <= q_pos[:, :, None])[:, None]
+        real = t[None, :] < nq[:, None]
+        return q_rows, keys, mask, real.reshape(-1).nonzero().squeeze(1), q_rows[real]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
         kc, vc = self.pool.k[layer], self.pool.v[layer]
         kc.index_copy_(0, self.slots, k)
         vc.index_copy_(0, self.slots, v)
-        batched = len(self.singles) > 1
-        out, offset = [], 0
-        for seg, pos, idx in zip(self.segments, self.true_positions, self.gather):
-            if not (batched and seg.n == 1):
-                qs = q[offset:offset + seg.n]
-                out.append(causal_attention(qs, kc[idx], vc[idx], pos))
-            else:
-                out.append(None)
-            offset += seg.n
-        if batched:
-            for i, row in zip(self.singles, self._decode_attention(q, kc, vc)):
-                out[i] = row[None]
-        return torch.cat(out)
-
-    def _decode_attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
-        """Attention of every single-token segment at once: q [B, H, D] over padded K/V [B, L, KVH, D]."""
-        qb = q[self.single_rows]
-        k, v = kc[self.pad_gather], vc[self.pad_gather]
-        heads, kv_heads = qb.shape[1], k.shape[2]
-        if heads != kv_heads:
-            k = k.repeat_interleave(heads // kv_heads, dim=2)
-            v = v.repeat_interleave(heads // kv_heads, dim=2)
-        scores = torch.einsum("bhd,blhd->bhl", qb, k) / math.sqrt(qb.shape[-1])
-        scores = scores.masked_fill(self.pad_mask[:, None, :], float("-inf"))
-        return torch.einsum("bhl,blhd->bhd", scores.softmax(dim=-1), v)
+        out = torch.empty_like(q)
+        for q_rows, keys, mask, keep, rows in self.groups:
+            # [B, Tq, H, D] queries over [B, L, KVH, D] keys/values, heads first for SDPA.
+            o = F.scaled_dot_product_attention(q[q_rows].transpose(1, 2), kc[keys].transpose(1, 2),
+                                               vc[keys].transpose(1, 2), attn_mask=mask, enable_gqa=True)
+            out[rows] = o.transpose(1, 2).reshape(-1, *q.shape[1:])[keep]
+        return out

@@ -140,10 +140,10 @@ class Engine:
                     raise RuntimeError("scheduler made no progress")
                 return []
             self._propose(plan)
-            logits = self._forward(plan)
+            predictions = self._forward(plan)
             done = []
-            for work, lg in zip(plan, logits):
-                report = self._settle(work, lg)
+            for work, preds in zip(plan, predictions):
+                report = self._settle(work, preds)
                 if report is not None:
                     done.append(report)
             return done
@@ -187,31 +187,41 @@ class Engine:
         """Absolute positions of the fed tokens: counted from the sequence start, never a chunk's."""
         return torch.arange(start, start + count)
 
-    def _forward(self, plan: list[Work]) -> list[torch.Tensor]:
-        """One target forward per weights group; returns per-work logits rows."""
+    def _forward(self, plan: list[Work]) -> list[list[int]]:
+        """One target forward per weights group; returns each work's target predictions (argmax) at
+        its sampled rows: the last fed token and each draft. A prefill chunk that stops short of the
+        sequence's end samples nothing, and only sampled rows go through the vocab projection."""
         groups: dict[tuple, list[int]] = {}
         for i, work in enumerate(plan):
             groups.setdefault(self.registry.weights_key(work.seq.identity), []).append(i)
-        out: list[torch.Tensor | None] = [None] * len(plan)
+        out: list[list[int]] = [[] for _ in plan]
         for indices in groups.values():
-            ids, pos, segments = [], [], []
+            ids: list[int] = []
+            pos, segments, sampled = [], [], []
             for i in indices:
                 w = plan[i]
                 fed = w.seq.tokens[w.start:w.start + w.n] + w.drafts
+                if w.start + w.n >= len(w.seq.tokens):
+                    sampled.append((i, len(ids) + w.n - 1, len(ids) + len(fed)))
                 ids.extend(fed)
                 pos.append(self.positions(w.seq, w.start, len(fed)))
                 segments.append(Segment(tuple(w.seq.block_table), w.start, len(fed)))
                 w.seq.target_forwards += len(fed)
+            rows = [r for _, first, end in sampled for r in range(first, end)]
             model = self.registry.model(plan[indices[0]].seq.identity)
-            logits = model(torch.tensor(ids), torch.cat(pos), PagedKV(self.pool, segments))
+            logits = model(torch.tensor(ids), torch.cat(pos), PagedKV(self.pool, segments),
+                           logits_rows=torch.tensor(rows, dtype=torch.long))
             self.target_cost += len(ids)
+            preds = logits.argmax(dim=-1).tolist()
             offset = 0
-            for i, seg in zip(indices, segments):
-                out[i] = logits[offset:offset + seg.n]
-                offset += seg.n
-        return out  # type: ignore[return-value]
+            for i, first, end in sampled:
+                out[i] = preds[offset:offset + end - first]
+                offset += end - first
+        return out
 
-    def _settle(self, work: Work, logits: torch.Tensor) -> Report | None:
+    def _settle(self, work: Work, preds: list[int]) -> Report | None:
+        """`preds`: the target's argmax after the last fed token and after each draft (empty for a
+        prefill chunk that does not reach the end of the sequence)."""
         seq, end = work.seq, work.start + work.n
         if not seq.prefill_done_once:
             seq.prefill_chunks += 1
@@ -219,7 +229,6 @@ class Engine:
             self._computed(seq, work.start, end, end)
             return None
         seq.prefill_done_once = True
-        preds = logits[work.n - 1:].argmax(dim=-1).tolist()
         accepted = self.accepted_prefix(work.drafts, preds)
         new = self.truncate_at_finish(seq, self.commit_tokens(work.drafts, preds, accepted))
         self._draft_stats(seq, work.drafts, min(accepted, len(new)))

@@ -12,7 +12,6 @@ transformers, vLLM and llama.cpp load the same checkpoint folder.
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 import attrs
@@ -80,17 +79,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      q_positions: torch.Tensor) -> torch.Tensor:
     """q: [T, H, D] at absolute `q_positions`; k, v: [L, KVH, D] for positions 0..L-1 of one sequence.
 
-    Each query attends to keys at positions <= its own. GQA: each KV head serves H/KVH query heads.
+    Each query attends to keys at positions <= its own. GQA: each KV head serves H/KVH query heads
+    (query head h reads KV head h // (H/KVH), as in HF).
     """
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if heads != kv_heads:
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
-    scores = torch.einsum("thd,lhd->htl", q, k) / math.sqrt(q.shape[-1])
-    key_pos = torch.arange(k.shape[0], device=q.device)
-    mask = key_pos[None, :] > q_positions[:, None]  # [T, L]
-    scores = scores.masked_fill(mask[None], float("-inf"))
-    return torch.einsum("htl,lhd->thd", scores.softmax(dim=-1), v)
+    mask = torch.arange(k.shape[0], device=q.device)[None, :] <= q_positions[:, None]  # [T, L]
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                       attn_mask=mask, enable_gqa=True)
+    return o.transpose(0, 1)
 
 
 class DenseKV:
@@ -128,15 +123,21 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE (the HF Llama convention). x: [T, heads, D]."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, 1, D] of rotate-half RoPE (the HF Llama convention) at `positions`. Computed once
+    per forward and shared by every layer's q and k."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    angles = torch.cat([angles, angles], dim=-1).to(x.dtype)[:, None, :]
+    angles = torch.cat([angles, angles], dim=-1).to(dtype)[:, None, :]
+    return angles.cos(), angles.sin()
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] by the angles `rope_angles` gave."""
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return x * angles.cos() + rotated * angles.sin()
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class Attention(nn.Module):
@@ -148,12 +149,12 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def qkv(self, x, positions):
+    def qkv(self, x, cos, sin):
         c, t = self.c, x.shape[0]
         q = self.q_proj(x).view(t, c.num_attention_heads, c.head_dim)
         k = self.k_proj(x).view(t, c.num_key_value_heads, c.head_dim)
         v = self.v_proj(x).view(t, c.num_key_value_heads, c.head_dim)
-        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
+        return rope(q, cos, sin), rope(k, cos, sin), v
 
 
 class MLP(nn.Module):
@@ -198,26 +199,33 @@ class Llama(nn.Module):
         return self.lm_head.weight.dtype
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, kv: KVStore) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, kv: KVStore,
+                logits_rows: torch.Tensor | None = None) -> torch.Tensor:
         """ids, positions: [T] (any mix of sequences; `kv` knows which token belongs where).
-        Returns logits [T, vocab] in the model's dtype."""
+        Returns logits [T, vocab] in the model's dtype — or only the rows `logits_rows` of them: an
+        engine samples at a sequence's last token (and its drafts), and the vocab projection of every
+        other prefill token is wasted work (most of a prefill's cost in a small model)."""
+        c = self.config
+        cos, sin = rope_angles(positions, c.head_dim, c.rope_theta, self.dtype)
         x = self.model.embed_tokens(ids)
         for i, layer in enumerate(self.model.layers):
-            q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), positions)
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
             o = kv.attend(i, q, k, v, positions)
             x = x + layer.self_attn.o_proj(o.reshape(o.shape[0], -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if logits_rows is not None:
+            x = x[logits_rows]
         return self.lm_head(self.model.norm(x))
 
     def forward_train(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: [B, S] -> logits [B, S, vocab], full causal attention (training only)."""
         c = self.config
         b, s = ids.shape
-        positions = torch.arange(s)
+        cos, sin = rope_angles(torch.arange(s).repeat(b), c.head_dim, c.rope_theta, self.dtype)
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             h = layer.input_layernorm(x).reshape(b * s, -1)
-            q, k, v = layer.self_attn.qkv(h, positions.repeat(b))
+            q, k, v = layer.self_attn.qkv(h, cos, sin)
             q, k, v = (t.view(b, s, -1, c.head_dim).transpose(1, 2) for t in (q, k, v))
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             x = x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(b, s, -1))
