@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--max-examples", type=int, default=None, help="override the profile's example count")
     run.add_argument("--timeout", type=float, default=300.0, help="seconds per engine call before it counts as hung")
+    run.add_argument("--no-shrink", action="store_true", help="report the first failing example unshrunk (faster)")
 
     replay = sub.add_parser("replay", help="re-run a recorded failure: FIXED / FAILED / ERROR")
     replay.add_argument("case", help="path to a witness JSON file from a report's witnesses/ folder")
@@ -56,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         outcome = run_suite(engine, engine_name=args.engine, engine_args=engine_args, profile=args.profile,
                             checks=checks, report_dir=args.report_dir, seed=args.seed,
-                            max_examples=args.max_examples, timeout_s=args.timeout)
+                            max_examples=args.max_examples, timeout_s=args.timeout, shrink=not args.no_shrink)
     finally:
         try:
             engine.close()

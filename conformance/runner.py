@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import queue
 import threading
 import time
 from pathlib import Path
@@ -60,21 +61,38 @@ def profile_settings(profile: str) -> settings:
 # --------------------------------------------------------------------------- one scenario
 
 
+class _Worker:
+    """One long-lived daemon thread that runs engine calls, so a timeout can be enforced without
+    paying a thread start per call. A call that hangs abandons the worker; the next call gets a new one."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._loop, name="kvparity-engine-call", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, box, done = self.jobs.get()
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = exc
+            done.set()
+
+
+_worker: _Worker | None = None
+
+
 def call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
-    """Run `fn` in a daemon thread; a hang past `timeout` becomes an EngineError (the thread is abandoned,
-    which is why the run then stops: the engine is no longer trustworthy)."""
+    """Run `fn` on the engine-call thread; a hang past `timeout` becomes an EngineError (the thread is
+    abandoned, which is why the run then stops: the engine is no longer trustworthy)."""
+    global _worker
+    if _worker is None:
+        _worker = _Worker()
     box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"kvparity-{what}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+    done = threading.Event()
+    _worker.jobs.put((fn, box, done))
+    if not done.wait(timeout):
+        _worker = None
         raise EngineError(f"{what} timed out after {timeout:g}s")
     if "error" in box:
         exc = box["error"]

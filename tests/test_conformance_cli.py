@@ -1,0 +1,125 @@
+"""The `kvparity` command line: exit codes 0/1/2/3, unknown engines and arguments, replay, report.
+
+The FAKE engine is named by import path (`fake_engine:FakeDictEngine`), the same `module:Class` form a
+third-party adapter can use without registering an entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.cli import main
+from conformance.registry import load_engine, parse_engine_args
+from conformance.contract import UsageError
+
+FAKE = "fake_engine:FakeDictEngine"
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Keep the Hypothesis example database (.hypothesis/) out of the repository."""
+    monkeypatch.chdir(tmp_path)
+
+
+def cli(tmp_path, *args: str) -> int:
+    return main(["run", "--engine", FAKE, "--report-dir", str(tmp_path / "reports"), "--seed", "3",
+                 "--max-examples", "30", *args])
+
+
+def only_run_dir(tmp_path) -> Path:
+    (run_dir,) = [p for p in (tmp_path / "reports").glob("*/*") if p.is_dir()]
+    return run_dir
+
+
+def test_run_clean_engine_exits_0(tmp_path, capsys):
+    assert cli(tmp_path) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_run_buggy_engine_exits_1_and_replay_reproduces_then_fixed(tmp_path, capsys):
+    assert cli(tmp_path, "--engine-arg", "bug=salt_leak", "--checks", "isolation", "--no-shrink") == 1
+    run_dir = only_run_dir(tmp_path)
+    (witness,) = (run_dir / "witnesses").glob("isolation-*.json")
+    assert f"kvparity replay {witness}" in capsys.readouterr().out
+    assert main(["replay", str(witness)]) == 1
+    assert capsys.readouterr().out.startswith("FAILED")
+    assert main(["replay", str(witness), "--engine-arg", "bug=none"]) == 0  # the "fixed" engine
+    assert capsys.readouterr().out.startswith("FIXED")
+    assert main(["replay", str(witness), "--engine-arg", "bug=crash"]) == 3
+    assert capsys.readouterr().out.startswith("ERROR")
+
+
+def test_run_with_unexercised_claims_exits_2(tmp_path):
+    # a single tiny example cannot evict, chunk or poison: the vacuity guard makes it inconclusive
+    assert cli(tmp_path, "--max-examples", "1", "--checks", "exercised") == 2
+
+
+def test_crashing_engine_exits_3_with_one_line_cause(tmp_path, capsys):
+    assert cli(tmp_path, "--engine-arg", "bug=crash") == 3
+    out = capsys.readouterr().out
+    assert "ERROR: run raised RuntimeError: fake engine crashed" in out
+    assert (only_run_dir(tmp_path) / "history.jsonl").stat().st_size > 0
+
+
+def test_unknown_engine_exits_3_and_lists_known_names_with_did_you_mean(capsys):
+    assert main(["run", "--engine", "refrence"]) == 3
+    err = capsys.readouterr().err
+    assert "unknown engine 'refrence'" in err and "did you mean 'reference'" in err and "known engines:" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "--engine", FAKE, "--engine-arg", "nonsense"], "expected KEY=VALUE"),
+    (["run", "--engine", FAKE, "--engine-arg", "colour=red"], "bad engine arguments"),
+    (["run", "--engine", FAKE, "--engine-arg", "bug=not-a-bug"], "bad engine arguments"),
+    (["run", "--engine", FAKE, "--checks", "parrity"], "did you mean 'parity'"),
+    (["run", "--engine", "no_such_module:Engine"], "cannot import adapter module"),
+    (["replay", "/nonexistent/witness.json"], "not a kvparity witness file"),
+    (["report", "/nonexistent"], "no history.jsonl"),
+])
+def test_usage_errors_exit_3_with_a_one_line_cause(argv, message, capsys):
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_bad_cli_syntax_exits_3():
+    assert main(["run"]) == 3  # --engine missing
+
+
+def test_report_re_analyses_a_stored_history(tmp_path, capsys):
+    assert cli(tmp_path, "--engine-arg", "bug=leak_blocks", "--checks", "rollback_hygiene", "--no-shrink") == 1
+    run_dir = only_run_dir(tmp_path)
+    before = json.loads((run_dir / "results.json").read_text())
+    (run_dir / "results.json").unlink()
+    assert main(["report", str(run_dir)]) == 1
+    after = json.loads((run_dir / "results.json").read_text())
+    assert after["checks"]["rollback_hygiene"]["status"] == before["checks"]["rollback_hygiene"]["status"] == "fail"
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_engines_lists_entry_points_without_importing_them(capsys):
+    assert main(["engines"]) == 0
+    out = capsys.readouterr().out
+    for name in ("reference", "transformers", "vllm", "llama_cpp", "openai_http"):
+        assert name in out
+
+
+def test_registry_constructs_adapters_with_string_arguments():
+    engine = load_engine(FAKE, parse_engine_args(["bug=none", "tolerance=0.5"]))
+    assert engine.capabilities().tolerance == 0.5
+    with pytest.raises(UsageError):
+        parse_engine_args(["=x"])
+
+
+def test_console_script_entry_point(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.run([sys.executable, "-c", "import sys; from conformance.cli import main; sys.exit(main())",
+                           "run", "--engine", FAKE, "--report-dir", str(tmp_path), "--max-examples", "5",
+                           "--checks", "parity"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
