@@ -129,7 +129,10 @@ def latency_budget(results: Sequence[Result], unit: str = "s") -> LatencyBudget:
         queue.append(q)
         prefill.append(None if (t_first is None or q is None) else t_first - q)
         n = len(r.output)
-        decode.append(None if t_tok is None else t_tok * (n - 1) if n > 1 else 0.0 if t_first is not None else None)
+        if n <= 1:  # one token: nothing to decode after it
+            decode.append(0.0 if t_first is not None else None)
+        else:
+            decode.append(None if t_tok is None else t_tok * (n - 1))
     return LatencyBudget(Dist.of(queue), Dist.of(prefill), Dist.of(decode), Dist.of(ttft), Dist.of(tpot), unit)
 
 

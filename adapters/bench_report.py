@@ -1,0 +1,394 @@
+"""Render `kvparity bench` data into reports/economics/: report.md, report.html (links the PNGs beside it)
+and the plots. All numbers come from `conformance.economics`; matplotlib (Agg) is imported lazily."""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from conformance import economics as ec
+
+Block = tuple  # ("h2", text) | ("p", text) | ("table", headers, rows) | ("img", file, caption)
+
+
+def fmt(x: Any, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def ms(x: float | None) -> str:
+    return "–" if x is None else f"{x * 1e3:.2f}"
+
+
+# -- machine and versions -------------------------------------------------------------------------------
+def environment() -> list[tuple[str, str]]:
+    import torch
+
+    rows = [("machine", f"{platform.machine()}, {os.cpu_count()} CPU cores visible (a shared 2-core CPU: other "
+                        f"work ran at the same time), {platform.system()} {platform.release()}"),
+            ("python", platform.python_version()), ("torch", f"{torch.__version__} (1 thread)")]
+    try:
+        import transformers
+
+        rows.append(("transformers", transformers.__version__))
+    except ImportError:
+        pass
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        rows.append(("kvparity commit", rev or "unknown"))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    rows.append(("generated", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
+    return rows
+
+
+# -- sections -------------------------------------------------------------------------------------------
+def cost_model_prose(model: ec.CostModel) -> str:
+    return (f"**Cost units.** A target forward pass over *n* tokens costs {model.fixed:g} + {model.per_token:g}·*n* "
+            f"units: a fixed part paid once per pass (reading the weights, launching the step) and a part that "
+            f"grows with the tokens fed. A plain decode step feeds one token and so costs "
+            f"{model.target_pass(1):g}. A token proposed by the draft model costs {model.per_draft:g} units "
+            f"(c = {model.c:.2f} of a plain step); n-gram prompt lookup runs no model, so its proposals are free. "
+            f"A verification of k proposals costs {model.fixed:g} + {model.per_token:g}·(k+1) plus the "
+            f"proposals, and commits the accepted prefix plus the target's own token. Where a pass serves "
+            f"several sequences its fixed part is split among them. The engine's own cost clock (target "
+            f"token-forwards) is this model with a zero fixed part.")
+
+
+def workload_sections(data: dict, out: Path, blocks: list[Block]) -> None:
+    model: ec.CostModel = data["cost_model"]
+    wl = data["workloads"]
+    blocks.append(("h2", "1. Workload mixes and prefix reuse"))
+    blocks.append(("p", "Each workload is one request stream, replayed unchanged under each drafter. *shared "
+                        "system prompt*: one 64-token system prompt, each user adds a short question, one arrival "
+                        "every few steps; *multi-turn chat*: each turn resends the whole conversation (prompt + "
+                        "answer) plus a new message when the previous turn finishes; *no sharing*: unrelated "
+                        "held-out snippets. Reuse ratio = Σ Lhit / Σ Lin (token-weighted, block size 16, "
+                        "a hit is capped at Lin − 1)."))
+    rows = []
+    for name, by in wl.items():
+        res = by["none"]["results"]
+        r = ec.reuse_ratio(res)
+        rows.append([name, len(res), int(r.den), int(r.num), fmt(r.value, 3)])
+    blocks.append(("table", ["workload", "requests", "Σ Lin", "Σ Lhit", "reuse ratio"], rows))
+
+    blocks.append(("h2", "2. Latency budget: queueing + prefill (= TTFT) + decode ((n−1)·TPOT)"))
+    blocks.append(("p", "Queueing: arrival → first scheduled (max_batch is small, so later arrivals wait). "
+                        "Prefill: first scheduled → first token. Decode: the rest. Plain decoding (no drafter). "
+                        "Wall times in milliseconds; cost in the units above."))
+    rows = []
+    for name, by in wl.items():
+        for unit in ("s", "cost"):
+            b = ec.latency_budget(by["none"]["results"], unit)
+            f = ms if unit == "s" else (lambda v: fmt(v, 1))
+            rows.append([name, "ms" if unit == "s" else "units",
+                         f"{f(b.queue.p50)} / {f(b.queue.p99)}", f"{f(b.prefill.p50)} / {f(b.prefill.p99)}",
+                         f"{f(b.decode.p50)} / {f(b.decode.p99)}", f"{f(b.ttft.p50)} / {f(b.ttft.p90)} / {f(b.ttft.p99)}",
+                         f"{f(b.tpot.p50)} / {f(b.tpot.p90)} / {f(b.tpot.p99)}"])
+    blocks.append(("table", ["workload", "unit", "queue p50/p99", "prefill p50/p99", "decode p50/p99",
+                             "TTFT p50/p90/p99", "TPOT p50/p90/p99"], rows))
+    blocks.append(("img", plot_budget(wl, out), "Median latency budget per workload (left: wall ms, right: cost "
+                                                "units) and the TTFT / TPOT distributions."))
+
+    blocks.append(("h2", "3. Speculation: acceptance, tokens per verification, cost per committed token"))
+    c_wall_note = "" if data.get("c_wall") is None else f" (draft {data['c_wall']:.2f})"
+    blocks.append(("p", f"k = {data['k']}. α = Σ accepted / Σ proposed; per position i: accepted at i / proposed "
+                        f"at i (a draft at position i counts as accepted only if all before it were). Cost per "
+                        f"committed decode token (tokens after the first) with and without speculation. Predicted "
+                        f"speedup: the formula (1−α^(k+1))/((1−α)(k·c+1)), with c in cost units "
+                        f"(draft {model.c:.2f}, n-gram 0) and with c measured in wall time"
+                        f"{c_wall_note}"
+                        f"; the formula prices a verification like one plain step, the cost model prices it "
+                        f"{model.fixed:g} + (k+1), so a cost-model prediction is shown too."))
+    rows, per_pos, speedups, tkv = [], {}, [], []
+    for name, by in wl.items():
+        plain = ec.cost_per_token(by["none"]["results"], model)
+        for drafter in data["drafters"][1:]:
+            res = by[drafter]["results"]
+            m = model if drafter == "draft" else model.with_draft(0.0)
+            acc = ec.acceptance(res)
+            spec = ec.cost_per_token(res, m)
+            s_wall, s_units = ec.speedup(plain, spec)
+            alpha = acc.alpha or 0.0
+            k = data["k"]
+            c_wall = (data.get("c_wall") or 0.0) if drafter == "draft" else 0.0
+            pred_u = ec.predicted_speedup(alpha, k, m.c)
+            pred_w = ec.predicted_speedup(alpha, k, c_wall)
+            tokens = (k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+            pred_cm = tokens / (m.verification(k) / m.target_pass(1))
+            per_pos[(name, drafter)] = acc.alpha_per_position
+            speedups.append((f"{name}\n{drafter}", s_units, pred_cm, pred_u, s_wall, pred_w))
+            rows.append([name, drafter, fmt(acc.alpha, 3), " ".join(fmt(a, 2) for a in acc.alpha_per_position),
+                         fmt(acc.committed_per_verification), f"{fmt(plain.units_per_token)} → {fmt(spec.units_per_token)}",
+                         f"{ms(plain.s_per_token)} → {ms(spec.s_per_token)}", fmt(s_units), fmt(pred_cm), fmt(pred_u),
+                         fmt(s_wall), fmt(pred_w)])
+            t = ec.temporary_kv(res, by[drafter]["trace"])
+            tkv.append([name, drafter, t.allocated, t.freed, t.promoted, t.peak])
+    blocks.append(("table", ["workload", "drafter", "α", "α per position", "tokens / verification",
+                             "units / token (plain → spec)", "ms / token (plain → spec)", "speedup units",
+                             "predicted (cost model)", "predicted (formula, c units)", "speedup wall",
+                             "predicted (formula, c wall)"], rows))
+    blocks.append(("img", plot_acceptance(per_pos, out), "Acceptance per draft position."))
+    blocks.append(("img", plot_speedups(speedups, out), "Measured vs predicted speedup, cost units and wall time."))
+
+    blocks.append(("h2", "4. Temporary KV for rejected branches"))
+    blocks.append(("p", "Draft positions need KV while they are verified: the scheduler reserves provisional "
+                        "blocks for them, verification keeps the blocks accepted tokens filled (promoted) and "
+                        "frees the rest. Peak = most provisional blocks held at once (they live within one step)."))
+    blocks.append(("table", ["workload", "drafter", "allocated", "freed (rejected)", "promoted", "peak"], tkv))
+
+
+def demo_section(data: dict, out: Path, blocks: list[Block]) -> None:
+    model: ec.CostModel = data["cost_model"]
+    blocks.append(("h2", "5. Acceptance is not the bill: 12 / 9 / 18"))
+    w = ec.worked_example(model.with_draft(0.0), model.per_draft)
+    blocks.append(("p", f"Three plain decode tokens cost 3 × {model.target_pass(1):g} = {w['plain']['cost']:g}. "
+                        f"Propose 5 and verify them in one pass of 6 tokens: if 2 are accepted, the target's own "
+                        f"token follows and the same three tokens are committed for {model.target_pass(6):g} "
+                        f"units of target work. With free n-gram proposals that is {w['cheap']['cost']:g} "
+                        f"(cheaper than plain although 3 of 5 drafts were wrong); with draft-model proposals at "
+                        f"{model.per_draft:g} each it is {w['dear']['cost']:g} — dearer than plain, at the same "
+                        f"acceptance α = {w['dear']['alpha']:.1f}. Acceptance says nothing about what proposing "
+                        f"and verifying cost."))
+    demo = data.get("demo")
+    if demo is None:
+        blocks.append(("p", "*Engine demonstration skipped: the tiny-draft checkpoint is not present.*"))
+        return
+    if not demo["found"]:
+        blocks.append(("p", f"*No held-out prompt among {demo['searched']} tried had both drafters accept exactly "
+                            f"2 of 5; only the arithmetic above is shown.*"))
+        return
+    blocks.append(("p", f"**On the reference engine.** Searching held-out text ({demo['tried']} prompts tried) "
+                        f"for a prompt where, after the first token, n-gram lookup and the tiny draft model both "
+                        f"propose 5 tokens of which exactly the first 2 are the target's: a {demo['prompt_len']}-token "
+                        f"prompt; target output {demo['output']}, n-gram proposed {demo['ngram']}, draft proposed "
+                        f"{demo['draft']}. Each configuration runs it with max_tokens 4 (1 token from prefill + 3 "
+                        f"decode tokens); the decode phase is priced from what the engine did."))
+    rows, bars = [], []
+    for name, r in demo["results"].items():
+        m = model if "draft" in name else model.with_draft(0.0)
+        units = ec.decode_cost(r, m)
+        wall = r.timings.get("tpot_s")
+        acc = ec.acceptance([r]) if r.draft_proposed else None
+        rows.append([name, list(r.output), r.draft_proposed or 0, r.draft_accepted or 0,
+                     fmt(acc.alpha, 2) if acc else "–", fmt(r.extra["decode_passes"], 0), r.extra["decode_forwards"],
+                     fmt(m.per_draft * (r.draft_proposed or 0), 1), fmt(units, 1),
+                     ms(None if wall is None else wall * (len(r.output) - 1))])
+        bars.append((name, units))
+    blocks.append(("table", ["configuration", "output", "proposed", "accepted", "α", "decode passes",
+                             "tokens fed", "proposal units", "decode units", "decode wall ms"], rows))
+    blocks.append(("img", plot_demo(bars, out), "The same three committed tokens, priced."))
+
+
+def chunk_section(data: dict, out: Path, blocks: list[Block]) -> None:
+    rows = data["chunks"]
+    blocks.append(("h2", "6. Chunked prefill: interference vs efficiency"))
+    blocks.append(("p", "A few requests are decoding when one long prompt arrives. Per chunk size (the last row is "
+                        "the whole prompt in one pass): the decoding requests' inter-token gaps while the long "
+                        "prompt is prefilled (p50 / p99), the long request's TTFT, and the completion time of the "
+                        "whole batch. Small chunks keep decodes flowing but need more passes, each paying the "
+                        "fixed cost: chunking trades throughput for smoothness and does not make every workload "
+                        "faster. Wall numbers are the median of the repetitions."))
+    blocks.append(("table", ["chunk", "passes", "gap p50 ms", "gap p99 ms", "gap p50 units", "gap p99 units",
+                             "long TTFT ms", "completion ms", "completion units"],
+                   [[("whole " if r["whole"] else "") + str(r["chunk"]), r["passes"], ms(r["p50_s"]), ms(r["p99_s"]),
+                     fmt(r["p50_units"], 1), fmt(r["p99_units"], 1), ms(r["ttft_s"]), ms(r["total_s"]),
+                     fmt(r["total_units"], 0)] for r in rows]))
+    blocks.append(("img", plot_chunks(rows, out), "Inter-token gap of concurrent decodes during a long prefill "
+                                                  "(left) and completion time (right) against chunk size."))
+
+
+# -- plots ----------------------------------------------------------------------------------------------
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_budget(wl: dict, out: Path) -> str:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    names = list(wl)
+    for ax, unit, scale in ((axes[0], "s", 1e3), (axes[1], "cost", 1.0)):
+        bottom = [0.0] * len(names)
+        for part, color in (("queue", "#9e9e9e"), ("prefill", "#1e88e5"), ("decode", "#43a047")):
+            vals = [(ec.latency_budget(wl[n]["none"]["results"], unit).medians()[part] or 0.0) * scale for n in names]
+            ax.bar(names, vals, bottom=bottom, label=part, color=color)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_ylabel("ms (median)" if unit == "s" else "cost units (median)")
+        ax.tick_params(axis="x", labelsize=8)
+        ax.legend(fontsize=8)
+    data, labels = [], []
+    for n in names:
+        res = wl[n]["none"]["results"]
+        data += [[r.timings["ttft_s"] * 1e3 for r in res if "ttft_s" in r.timings],
+                 [r.timings["tpot_s"] * 1e3 for r in res if "tpot_s" in r.timings]]
+        labels += [f"TTFT\n{n[:12]}", f"TPOT\n{n[:12]}"]
+    axes[2].boxplot(data)
+    axes[2].set_xticks(range(1, len(labels) + 1), labels, fontsize=7)
+    axes[2].set_yscale("log")
+    axes[2].set_ylabel("ms")
+    fig.tight_layout()
+    return _save(fig, out, "latency_budget.png")
+
+
+def plot_acceptance(per_pos: dict, out: Path) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (name, drafter), alphas in per_pos.items():
+        ax.plot(range(1, len(alphas) + 1), [a if a is not None else float("nan") for a in alphas], marker="o",
+                label=f"{drafter} · {name}", linestyle="-" if drafter == "draft" else "--")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, out, "acceptance_per_position.png")
+
+
+def plot_speedups(rows: list, out: Path) -> str:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+    x = range(len(rows))
+    w = 0.27
+    for i, (lab, col) in enumerate(((("measured", 1), ("predicted: cost model", 2), ("predicted: formula", 3)))):
+        axes[0].bar([j + (i - 1) * w for j in x], [r[col] or 0 for r in rows], w, label=lab)
+    for i, (lab, col) in enumerate((("measured", 4), ("predicted: formula", 5))):
+        axes[1].bar([j + (i - 0.5) * w for j in x], [r[col] or 0 for r in rows], w, label=lab)
+    for ax, title in ((axes[0], "cost units"), (axes[1], "wall time")):
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(list(x), [r[0] for r in rows], fontsize=7)
+        ax.set_ylabel("speedup vs plain")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, out, "speedup.png")
+
+
+def plot_demo(bars: list, out: Path) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar([b[0] for b in bars], [b[1] for b in bars], color=["#9e9e9e", "#43a047", "#e53935"][:len(bars)])
+    for i, (_, v) in enumerate(bars):
+        ax.text(i, v, f"{v:g}", ha="center", va="bottom")
+    ax.set_ylabel("cost units for 3 committed tokens")
+    fig.tight_layout()
+    return _save(fig, out, "worked_12_9_18.png")
+
+
+def plot_chunks(rows: list, out: Path) -> str:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    xs = [r["chunk"] for r in rows]
+    axes[0].plot(xs, [r["p50_s"] * 1e3 for r in rows], marker="o", label="gap p50 (ms)")
+    axes[0].plot(xs, [r["p99_s"] * 1e3 for r in rows], marker="o", label="gap p99 (ms)")
+    ax2 = axes[0].twinx()
+    ax2.plot(xs, [r["p99_units"] for r in rows], marker="x", color="grey", linestyle=":", label="gap p99 (units)")
+    ax2.set_ylabel("cost units")
+    axes[0].set_ylabel("inter-token gap, ms")
+    axes[0].legend(fontsize=8, loc="upper left")
+    ax2.legend(fontsize=8, loc="lower right")
+    axes[1].plot(xs, [r["total_s"] * 1e3 for r in rows], marker="o", label="completion (ms)")
+    axes[1].plot(xs, [r["ttft_s"] * 1e3 for r in rows], marker="s", label="long prompt TTFT (ms)")
+    ax3 = axes[1].twinx()
+    ax3.plot(xs, [r["total_units"] for r in rows], marker="x", color="grey", linestyle=":", label="completion (units)")
+    ax3.set_ylabel("cost units")
+    axes[1].set_ylabel("ms")
+    axes[1].legend(fontsize=8, loc="upper left")
+    ax3.legend(fontsize=8, loc="lower right")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("chunk size (tokens; rightmost = whole prompt)")
+    fig.tight_layout()
+    return _save(fig, out, "chunked_prefill.png")
+
+
+def _save(fig, out: Path, name: str) -> str:
+    fig.savefig(out / name, dpi=90)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return name
+
+
+# -- rendering ------------------------------------------------------------------------------------------
+def to_markdown(blocks: list[Block]) -> str:
+    lines = []
+    for b in blocks:
+        if b[0] in ("h1", "h2"):
+            lines += [("# " if b[0] == "h1" else "## ") + b[1], ""]
+        elif b[0] == "p":
+            lines += [b[1], ""]
+        elif b[0] == "table":
+            lines.append("| " + " | ".join(b[1]) + " |")
+            lines.append("|" + "---|" * len(b[1]))
+            lines += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in b[2]]
+            lines.append("")
+        elif b[0] == "img":
+            lines += [f"![{b[2]}]({b[1]})", "", f"*{b[2]}*", ""]
+    return "\n".join(lines)
+
+
+def _inline(text: str) -> str:
+    import re
+
+    t = html.escape(text)
+    t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
+    return re.sub(r"\*(.+?)\*", r"<i>\1</i>", t)
+
+
+def to_html(blocks: list[Block], title: str) -> str:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+             "body{font-family:sans-serif;max-width:1200px;margin:2em auto;line-height:1.45}"
+             "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px}"
+             "th{background:#f3f3f3}img{max-width:100%}figcaption{font-style:italic;color:#555}</style></head><body>"]
+    for b in blocks:
+        if b[0] in ("h1", "h2"):
+            parts.append(f"<{b[0]}>{html.escape(b[1])}</{b[0]}>")
+        elif b[0] == "p":
+            parts.append(f"<p>{_inline(b[1])}</p>")
+        elif b[0] == "table":
+            parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in b[1]) + "</tr>")
+            parts += ["<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in b[2]]
+            parts.append("</table>")
+        elif b[0] == "img":
+            parts.append(f"<figure><img src='{html.escape(b[1])}' alt='{html.escape(b[2])}'>"
+                         f"<figcaption>{html.escape(b[2])}</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write(data: dict, out_dir: str | os.PathLike) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"kvparity economics — {data['engine']} engine ({data['size']} size)"
+    blocks: list[Block] = [("h1", title),
+                           ("p", "Absolute times below are from a shared 2-core CPU with other work running: they "
+                                 "are noisy. Compare ratios (speedups, reuse, gap shapes), and prefer the cost-unit "
+                                 "columns, which are deterministic."),
+                           ("table", ["", ""], environment() + [("bench wall time", f"{data['elapsed_s']:.0f} s")]),
+                           ("p", cost_model_prose(data["cost_model"]))]
+    if data["engine"] == "reference":
+        workload_sections(data, out, blocks)
+        demo_section(data, out, blocks)
+        chunk_section(data, out, blocks)
+    else:
+        from adapters import bench_transformers
+
+        bench_transformers.sections(data, out, blocks)
+    (out / "report.md").write_text(to_markdown(blocks))
+    (out / "report.html").write_text(to_html(blocks, title))
+    return [out / "report.md", out / "report.html"] + sorted(out.glob("*.png"))
