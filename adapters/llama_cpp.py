@@ -27,7 +27,8 @@ What it drives (all real llama-cpp-python code paths, f32 GGUF exported by adapt
   has no such notion.
 
 Engine arguments (strings): gguf_dir, n_ctx, n_batch, kv_type (f32|f16), drafter, k, cache, cache_dir,
-tolerance, n_threads, seed, lora (auto|off). Numerics: llama.cpp computes in f32 (KV f32 by default
+cache_scope (shared: one cache object for all identities, as llama-cpp-python's server shares its disk
+cache directory | identity: one per identity, the workaround), tolerance, n_threads, seed, lora (auto|off). Numerics: llama.cpp computes in f32 (KV f32 by default
 here); the oracle is the reference model in float64, so a small tolerance is declared (see TOLERANCE).
 """
 
@@ -166,7 +167,7 @@ class LlamaCppAdapter:
     def __init__(self, gguf_dir: str | None = None, n_ctx: str | int = 1024, n_batch: str | int = 512,
                  kv_type: str = "f32", drafter: str = "none", k: str | int = 4, cache: str = "none",
                  cache_dir: str | None = None, tolerance: str | float | None = None, n_threads: str | int = 1,
-                 seed: str | int = 0, lora: str = "auto"):
+                 seed: str | int = 0, lora: str = "auto", cache_scope: str = "shared"):
         self._llama_cpp = _import_llama_cpp()
         from adapters import gguf_export
         from reference_engine import checkpoints
@@ -182,6 +183,10 @@ class LlamaCppAdapter:
             raise UsageError(f"engine argument tolerance={tolerance!r} is not a number") from None
         self._defaults = {"drafter": drafter, "k": k, "n_batch": n_batch, "cache": cache}
         self._cache_dir_arg = cache_dir
+        # shared: ONE LlamaRAMCache/LlamaDiskCache for every identity (what llama-cpp-python's server does:
+        # every model with cache_type=disk opens the same default directory). identity: one cache per
+        # identity (the workaround), so the rest of the suite can be judged without the known leak.
+        self.cache_scope = _choice("cache_scope", cache_scope, ("shared", "identity"))
         lora_mode = _choice("lora", lora, ("auto", "off"))
         # Export (idempotent, digest-named) every shipped checkpoint this adapter can use.
         out_dir = pathlib.Path(gguf_dir) if gguf_dir else None
@@ -199,7 +204,7 @@ class LlamaCppAdapter:
         self._llms: dict[tuple[str, str | None], Any] = {}
         self._baselines: dict[tuple, Baseline] = {}
         self._targets: dict[tuple[str, str | None], Any] = {}
-        self._cache = None
+        self._caches: dict[Any, Any] = {}
         self._tmp_cache_dir: str | None = None
         self.config: dict[str, Any] = {}
         try:
@@ -261,7 +266,7 @@ class LlamaCppAdapter:
             raise UsageError("drafter=draft_model needs the tiny-draft checkpoint")
         self._close_llms()
         self.config = new
-        self._cache = self._new_cache(new["cache"])
+        self._caches = {}
 
     def reset(self) -> None:
         for llm in self._llms.values():
@@ -270,13 +275,13 @@ class LlamaCppAdapter:
             inner = getattr(dm, "inner", None)
             if hasattr(inner, "reset"):
                 inner.reset()
-        self._cache = self._new_cache(self.config.get("cache", "none"))
-        for llm in self._llms.values():
-            llm.set_cache(self._cache)
+        self._caches = {}
+        for key, llm in self._llms.items():
+            llm.set_cache(self._cache_for(key))
 
     def close(self) -> None:
         self._close_llms()
-        self._cache = None
+        self._caches = {}
         if self._tmp_cache_dir:
             shutil.rmtree(self._tmp_cache_dir, ignore_errors=True)
             self._tmp_cache_dir = None
@@ -299,7 +304,14 @@ class LlamaCppAdapter:
 
     # ------------------------------------------------------------------ internals
 
-    def _new_cache(self, kind: str):
+    def _cache_for(self, key: tuple[str, str | None]):
+        scope = "shared" if self.cache_scope == "shared" else key
+        if scope not in self._caches:
+            sub = None if scope == "shared" else f"{key[0]}-{key[1] or 'base'}"
+            self._caches[scope] = self._new_cache(self.config.get("cache", "none"), sub)
+        return self._caches[scope]
+
+    def _new_cache(self, kind: str, sub: str | None = None):
         from llama_cpp import LlamaDiskCache, LlamaRAMCache
 
         if kind == "ram":
@@ -311,6 +323,8 @@ class LlamaCppAdapter:
                 if not self._tmp_cache_dir:
                     self._tmp_cache_dir = tempfile.mkdtemp(prefix="kvparity-llama-cache-")
                 d = self._tmp_cache_dir
+            if sub:
+                d = os.path.join(d, sub)
             cache = LlamaDiskCache(cache_dir=d, capacity_bytes=2 << 30)
             cache.cache.clear()
             return cache
@@ -356,7 +370,7 @@ class LlamaCppAdapter:
                     n_ubatch=c["n_batch"], n_threads=self.n_threads, n_threads_batch=self.n_threads,
                     type_k=kv, type_v=kv, logits_all=True, seed=self.seed, draft_model=drafter,
                     verbose=False, **kwargs)
-        llm.set_cache(self._cache)
+        llm.set_cache(self._cache_for(key))
         self._llms[key] = llm
         return llm
 
@@ -390,8 +404,9 @@ class LlamaCppAdapter:
             orig_eval = llm.eval
 
             def eval_spy(tokens, _orig=orig_eval):
-                if not observed:
+                if not observed:  # the prompt's eval: what is already in context, and how it is chunked
                     observed.append(int(llm.n_tokens))
+                    observed.append(-(-len(tokens) // llm.n_batch) if len(tokens) else 0)
                 return _orig(tokens)
 
             llm.eval = eval_spy
@@ -440,7 +455,8 @@ class LlamaCppAdapter:
             request_id=req.id, output=tuple(output), finish_reason=finish, cached_tokens=cached,
             draft_proposed=proposed, draft_accepted=accepted, top2=tuple(top2),
             timings={"wall_s": elapsed},
-            extra={"cached_source": source, "cached_count": "observed (n_tokens at first eval)",
+            extra={"cached_source": source, "prompt_tokens": len(prompt),
+                   "prefill_chunks": observed[1] if observed else 0, "cached_count": "observed (n_tokens at first eval)",
                    **({"draft_counts": "adapter-observed"} if drafter is not None else {}),
                    "config": dict(self.config)},
         )
