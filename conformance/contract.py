@@ -64,7 +64,15 @@ FINISH_REASONS = ("eos", "stop", "length", "abort")
 
 @frozen
 class Result:
-    """What an engine said about one request. `None` means "the engine does not report this"."""
+    """What an engine said about one request. `None` means "the engine does not report this".
+
+    `extra` keys the checks read (all optional; absent means "not reported"):
+      "evictions"       int   blocks evicted while serving this request (eviction_safety, exercised)
+      "prefill_chunks"  int   chunks the uncached prompt was prefilled in; > 1 means chunked
+      "chunked"         bool  alternative to prefill_chunks
+      "preempted"       bool  the request was preempted and resumed (schedule_independence)
+    Anything else is kept in the history for humans.
+    """
 
     request_id: str
     output: tuple[int, ...] = field(converter=_tuple_of_ints)
@@ -112,7 +120,11 @@ class Capabilities:
     baseline_mode: bool = False
     # Tie tolerance tau: a divergence where the baseline margin is below tau is a near-tie, not a failure.
     tolerance: float = 0.0
-    # Engine configurations the strategies may draw from: knob -> allowed values.
+    # Engine configurations the strategies may draw from: knob -> allowed values. The knob's *name*
+    # says which claim a difference tests (conformance.checks.knob_role): names containing spec / draft /
+    # assist / lookup / ngram / gamma, or exactly "k", are speculation knobs; cache / block / pool / evict /
+    # memory / kv / prefix are cache knobs; anything else (chunk size, token budget, max batch) is
+    # scheduling. A knob whose name contains "prefix" set to false/0/off disables the positive control.
     config_space: Mapping[str, tuple[Any, ...]] = field(factory=dict)
     # Shortest prompt (in tokens) that can produce a prefix hit at all (vLLM CPU: a full block + 1).
     min_hit_prompt: int = 2
@@ -142,7 +154,17 @@ class Engine(Protocol):
 
 @runtime_checkable
 class Introspectable(Protocol):
-    """Optional white-box hook: a JSON-able snapshot of the cache and pool after a batch."""
+    """Optional white-box hook: a JSON-able snapshot of the cache and pool, taken after every batch and
+    after every reset when `Capabilities.introspection` is true. Only scalar values are recorded.
+
+    Keys read by the checks (each optional; a present key must hold its at-rest value after a batch):
+      "blocks_in_use"     int   blocks referenced by a running sequence            (at rest: 0)
+      "provisional_live"  int   provisional (speculative, unverified) blocks/slots (at rest: 0)
+      "rejected_in_cache" int   cached blocks holding a rejected draft token       (always 0)
+      "refcounts_ok"      bool  the engine's own pool consistency verdict          (always True)
+      "free_blocks", "cached_blocks", "total_blocks"  int  at rest free + cached == total
+      "evictions"         int   running eviction counter; growth across a batch = eviction observed
+    """
 
     def snapshot(self) -> Mapping[str, Any]: ...
 

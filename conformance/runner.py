@@ -107,6 +107,14 @@ def one_line(exc: BaseException) -> str:
     return (text[0] if text else "")[:300]
 
 
+def scalars(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """The scalar keys of a snapshot (what the checks read). Per-block listings can be megabytes per
+    batch; the history keeps the counts, the engine's own debugging keeps the rest."""
+    if not isinstance(snapshot, Mapping):
+        raise EngineError(f"snapshot() returned {type(snapshot).__name__}, not a mapping")
+    return {str(k): v for k, v in snapshot.items() if v is None or isinstance(v, (bool, int, float, str))}
+
+
 def validate_results(requests: Sequence[Request], results: Any, caps: Capabilities) -> list[Result]:
     """Malformed answers are engine errors, never silently checked."""
     if not isinstance(results, (list, tuple)) or len(results) != len(requests):
@@ -176,7 +184,7 @@ class ScenarioRunner:
         call_with_timeout(self.engine.reset, self.timeout_s, "reset")
         snapshot = None
         if self.introspect:
-            snapshot = dict(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
+            snapshot = scalars(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
         self.writer.append("reset", snapshot=snapshot)
 
     def resolve(self, item: Request | Continuation, resolved: Mapping[str, tuple[Request, Result]]) -> Request:
@@ -195,7 +203,7 @@ class ScenarioRunner:
         results = validate_results(requests, raw, self.caps)
         snapshot = None
         if self.introspect:
-            snapshot = dict(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
+            snapshot = scalars(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
         self.writer.append("batch", requests=requests, results=results, snapshot=snapshot)
         for q, r in zip(requests, results):
             resolved[q.id] = (q, r)
