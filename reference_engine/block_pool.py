@@ -148,6 +148,24 @@ class Segment:
     n: int
 
 
+@attrs.frozen
+class AttentionBatch:
+    """Index tensors for one padded attention call over segments of similar query counts.
+
+    queries [B, Tq]: batch row of each padded query (a padded query repeats its segment's last real
+    row and position, so it is well defined, and is dropped); keys [B, L]: slot of positions 0..L-1
+    of each segment; mask [B, 1, Tq, L]: True where a query may attend (key position <= its own);
+    rows / keep: the batch rows the real queries fill and their indices in the flattened [B * Tq].
+    queries, rows and keep are None when the batch is the whole forward, in order, unpadded."""
+
+    queries: torch.Tensor | None
+    keys: torch.Tensor
+    mask: torch.Tensor
+    rows: torch.Tensor | None
+    keep: torch.Tensor | None
+    shape: tuple[int, int]  # (B, Tq)
+
+
 class PagedKV:
     """The KVStore (see model.py) for one batched forward over several sequences.
 
@@ -157,64 +175,63 @@ class PagedKV:
     the engine's bookkeeping of positions, while RoPE used the `positions` fed to the model: so a wrong
     position (chunk offset bug) corrupts exactly what it corrupts in real engines, the rotation.
 
-    Speed: everything that does not depend on the layer (slots, gather indices, masks) is computed once
-    here, with a handful of tensor ops rather than a loop per token. Segments are attended in padded
-    batches, one batch per query-count bucket (1, 2-3, 4-7, ...: decodes together, verifications
-    together, prefill chunks together), so padding wastes at most half a batch's queries. Padding is
-    masked out (padded queries repeat a real row and are dropped), so it cannot leak into the output.
+    Speed: the indices (slots, gathers, masks) do not depend on the layer, so they are built once per
+    forward, as Python lists turned into tensors in one call each, rather than many small tensor ops.
+    Segments are attended in padded batches, one per query-count bucket (1, 2-3, 4-7, ...: decodes
+    together, verifications together, prefill chunks together), so padding wastes at most half a
+    batch's queries. Padding is masked or dropped, so it cannot leak into the output.
     """
 
     def __init__(self, pool: BlockPool, segments: list[Segment]) -> None:
         self.pool, self.segments = pool, segments
         bs = pool.block_size
-        n = torch.tensor([seg.n for seg in segments], dtype=torch.long)
-        start = torch.tensor([seg.start for seg in segments], dtype=torch.long)
-        length = start + n
-        first_row = torch.cumsum(n, 0) - n  # row of each segment's first token in the batch
-        width = max(1, int(-(-length.max() // bs))) if segments else 1
-        tables = torch.tensor([list(seg.block_table[:width]) + [0] * (width - min(width, len(seg.block_table)))
-                               for seg in segments], dtype=torch.long).reshape(len(segments), width)
-        # Slot of every position 0..width*bs-1 of every segment: [S, width * bs].
-        self.slot_of = (tables[:, :, None] * bs + torch.arange(bs)).reshape(len(segments), -1)
-        # The new tokens, in batch order: their segment and true position, hence their slot.
-        seg_of_row = torch.repeat_interleave(torch.arange(len(segments)), n)
-        true_pos = start[seg_of_row] + torch.arange(int(n.sum())) - first_row[seg_of_row]
-        self.slots = self.slot_of[seg_of_row, true_pos]
-        self.groups = [self._group(torch.tensor(members), n, start, length, first_row)
-                       for members in self._buckets(segments).values()]
-
-    @staticmethod
-    def _buckets(segments: list[Segment]) -> dict[int, list[int]]:
+        self.first_row, row = [], 0  # batch row of each segment's first new token
+        for seg in segments:
+            self.first_row.append(row)
+            row += seg.n
+        self.num_rows = row
+        width = max(pool.blocks_for(seg.start + seg.n) for seg in segments)
+        tables = torch.tensor([list(seg.block_table[:width]) + [0] * (width - len(seg.block_table[:width]))
+                               for seg in segments], dtype=torch.long)
+        # slot_of[i, p]: the slot holding position p of segment i's sequence (p < width * bs).
+        self.slot_of = (tables[:, :, None] * bs + torch.arange(bs)).reshape(len(segments), width * bs)
+        flat = [i * width * bs + p for i, seg in enumerate(segments) for p in range(seg.start, seg.start + seg.n)]
+        self.slots = self.slot_of.reshape(-1)[torch.tensor(flat, dtype=torch.long)]
         buckets: dict[int, list[int]] = {}
         for i, seg in enumerate(segments):
             buckets.setdefault(seg.n.bit_length(), []).append(i)
-        return buckets
+        self.batches = [self._batch(members) for members in buckets.values()]
 
-    def _group(self, members: torch.Tensor, n: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
-               first_row: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Index tensors for one padded attention batch of segments `members`:
-        q_rows [B, Tq] (batch rows of the queries; padding repeats a segment's last row), keys [B, L]
-        (slots of positions 0..L-1), mask [B, 1, Tq, L] (True = may attend), keep [rows] (flat indices
-        of the real queries in [B*Tq]) and rows (their batch rows)."""
-        nq, lq = n[members], length[members]
-        tq, lk = int(nq.max()), int(lq.max())
-        t = torch.arange(tq)
-        q_rows = first_row[members, None] + torch.minimum(t[None, :], nq[:, None] - 1)
-        q_pos = start[members, None] + torch.minimum(t[None, :], nq[:, None] - 1)
-        keys = self.slot_of[members, :lk]
-        mask = (torch.arange(lk)[None, None, :] <= q_pos[:, :, None])[:, None]
-        real = t[None, :] < nq[:, None]
-        return q_rows, keys, mask, real.reshape(-1).nonzero().squeeze(1), q_rows[real]
+    def _batch(self, members: list[int]) -> AttentionBatch:
+        segs = [self.segments[i] for i in members]
+        tq, lk = max(s.n for s in segs), max(s.start + s.n for s in segs)
+        last = [[min(t, s.n - 1) for t in range(tq)] for s in segs]  # padded query -> real query
+        q_pos = torch.tensor([[s.start + t for t in ts] for s, ts in zip(segs, last)], dtype=torch.long)
+        mask = (torch.arange(lk) <= q_pos[:, :, None])[:, None]
+        keys = self.slot_of[torch.tensor(members, dtype=torch.long), :lk]
+        rows = [self.first_row[i] + t for i, s in zip(members, segs) for t in range(s.n)]
+        if len(rows) == len(segs) * tq and rows == list(range(self.num_rows)):
+            return AttentionBatch(None, keys, mask, None, None, (len(segs), tq))
+        queries = torch.tensor([[self.first_row[i] + t for t in ts] for i, ts in zip(members, last)],
+                               dtype=torch.long)
+        keep = [b * tq + t for b, s in enumerate(segs) for t in range(s.n)]
+        return AttentionBatch(queries, keys, mask, torch.tensor(rows, dtype=torch.long),
+                              torch.tensor(keep, dtype=torch.long), (len(segs), tq))
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
         kc, vc = self.pool.k[layer], self.pool.v[layer]
         kc.index_copy_(0, self.slots, k)
         vc.index_copy_(0, self.slots, v)
-        out = torch.empty_like(q)
-        for q_rows, keys, mask, keep, rows in self.groups:
-            # [B, Tq, H, D] queries over [B, L, KVH, D] keys/values, heads first for SDPA.
-            o = F.scaled_dot_product_attention(q[q_rows].transpose(1, 2), kc[keys].transpose(1, 2),
-                                               vc[keys].transpose(1, 2), attn_mask=mask, enable_gqa=True)
-            out[rows] = o.transpose(1, 2).reshape(-1, *q.shape[1:])[keep]
+        out = None
+        for b in self.batches:
+            qb = q.view(*b.shape, *q.shape[1:]) if b.queries is None else q[b.queries]  # [B, Tq, H, D]
+            o = F.scaled_dot_product_attention(qb.transpose(1, 2), kc[b.keys].transpose(1, 2),
+                                               vc[b.keys].transpose(1, 2), attn_mask=b.mask, enable_gqa=True)
+            o = o.transpose(1, 2).reshape(-1, *q.shape[1:])
+            if b.rows is None:
+                return o
+            if out is None:
+                out = torch.empty_like(q)
+            out[b.rows] = o[b.keep]
         return out

@@ -12,6 +12,7 @@ transformers, vLLM and llama.cpp load the same checkpoint folder.
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
 import attrs
@@ -120,15 +121,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        # weight * x / sqrt(mean(x^2) + eps), as HF's LlamaRMSNorm, in one fused op
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+@functools.lru_cache(maxsize=None)
+def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, 1, D] of rotate-half RoPE (the HF Llama convention) at `positions`. Computed once
     per forward and shared by every layer's q and k."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    angles = positions.to(torch.float64)[:, None] * _inv_freq(head_dim, theta)[None, :]
     angles = torch.cat([angles, angles], dim=-1).to(dtype)[:, None, :]
     return angles.cos(), angles.sin()
 
