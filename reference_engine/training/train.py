@@ -1,5 +1,5 @@
 """Reproduce every shipped checkpoint: `python -m reference_engine.training.train` (about 15-25 min on
-2 CPU cores). Deterministic given the torch version (seeded, one thread).
+2 idle CPU cores). Deterministic given the torch version (seeded, one thread).
 
 Steps, each writing an HF-layout folder under reference_engine/checkpoints/:
   tokenizer   byte-level BPE, vocabulary 1024, <pad>=0 <bos>=1 <eos>=2
@@ -173,7 +173,10 @@ def distill_loss(teacher: Llama):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=900, help="target-a steps (others scale from it)")
+    parser.add_argument("--steps", type=int, default=1200, help="target-a steps")
+    parser.add_argument("--steps-b", type=int, default=400, help="revision b steps (further training)")
+    parser.add_argument("--steps-draft", type=int, default=500, help="draft distillation steps")
+    parser.add_argument("--steps-lora", type=int, default=200, help="steps per LoRA adapter")
     parser.add_argument("--only", nargs="*", default=None,
                         help="subset of: tokenizer target-a target-b draft lora-upper lora-rot13")
     args = parser.parse_args(argv)
@@ -190,18 +193,18 @@ def main(argv=None) -> None:
     if "target-b" in todo:
         model = checkpoints.load_model_dir(root / "tiny-target-a", dtype=torch.float32)
         stream_b = token_stream(tok, corpus.texts("b"))
-        fit(model, list(model.parameters()), stream_b, args.steps // 3, 3e-3, seed=21, label="target-b")
+        fit(model, list(model.parameters()), stream_b, args.steps_b, 3e-3, seed=21, label="target-b")
         save_model(model, root / "tiny-target-b", tok_dir)
     if "draft" in todo:
         teacher = checkpoints.load_model_dir(root / "tiny-target-a", dtype=torch.float32)
         teacher.requires_grad_(False)
         model = new_model(DRAFT, seed=2)
-        fit(model, list(model.parameters()), stream_a, args.steps, 5e-3, seed=41, label="draft",
+        fit(model, list(model.parameters()), stream_a, args.steps_draft, 5e-3, seed=41, label="draft",
             loss_fn=distill_loss(teacher))
         save_model(model, root / "tiny-draft", tok_dir)
     for name in TRANSFORMS:
         if f"lora-{name}" in todo:
-            train_lora(root / "tiny-target-a", tok, name, root / f"lora-{name}", args.steps // 4)
+            train_lora(root / "tiny-target-a", tok, name, root / f"lora-{name}", args.steps_lora)
 
 
 if __name__ == "__main__":
