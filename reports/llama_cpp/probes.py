@@ -1,0 +1,178 @@
+"""Direct llama-cpp-python probes behind the findings in reports/llama_cpp/README.md (no kvparity runner).
+
+  python reports/llama_cpp/probes.py cache-cross-revision [--disk] [--n 50]
+      Two Llama objects (revision a, revision b of the same architecture) share ONE LlamaRAMCache /
+      LlamaDiskCache, as every model configured with cache_type=disk in llama_cpp.server shares the
+      default directory .cache/llama_cache. Only llama-cpp-python's own `create_completion` is used
+      (token-id prompts, temperature 0). For each prompt P: revision a completes P, then revision b
+      completes P + [11]. Counted: how often b's text differs from b's text with no cache.
+  python reports/llama_cpp/probes.py server-disk-cache
+      The same through llama_cpp.server itself: serve revision a with --cache true --cache_type disk,
+      send a text prompt, stop; serve revision b from the same working directory (a weight update /
+      model swap), send the prompt plus a suffix; compare with revision b served with no cache.
+  python reports/llama_cpp/probes.py f16-kv [--n 50]
+      Greedy divergences of llama.cpp with f16 KV (type_k=type_v=1) vs the float64 reference, with the
+      baseline margin at each divergence (f32 KV for comparison).
+
+Prints one JSON object of figures. Needs llama-cpp-python and gguf (pip install 'kvparity[llamacpp]').
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from adapters.gguf_export import export_gguf  # noqa: E402
+from reference_engine import checkpoints  # noqa: E402
+from reference_engine.baseline import greedy  # noqa: E402
+from reference_engine.training.measure import prompts  # noqa: E402
+
+
+def _llama(rev: str, **kw):
+    from llama_cpp import Llama
+
+    args = dict(n_ctx=512, n_threads=1, n_threads_batch=1, type_k=0, type_v=0, verbose=False, seed=0)
+    args.update(kw)
+    return Llama(model_path=str(export_gguf(checkpoints.REVISIONS[rev])), **args)
+
+
+def _complete(llm, prompt, n=16) -> str:
+    with contextlib.redirect_stderr(io.StringIO()):  # LlamaDiskCache prints on every save
+        out = llm.create_completion(list(prompt), max_tokens=n, temperature=0.0, top_k=1, repeat_penalty=1.0)
+    return out["choices"][0]["text"]
+
+
+def cache_cross_revision(n: int, disk: bool) -> dict:
+    from llama_cpp import LlamaDiskCache, LlamaRAMCache
+
+    batch = prompts(n)
+    fresh_b = _llama("b")
+    expected = []
+    for p in batch:
+        fresh_b.reset()
+        expected.append(_complete(fresh_b, p + [11]))
+    fresh_b.close()
+    tmp = tempfile.mkdtemp(prefix="llama-cache-")
+    cache = LlamaDiskCache(cache_dir=tmp) if disk else LlamaRAMCache()
+    a, b = _llama("a"), _llama("b")
+    a.set_cache(cache)
+    b.set_cache(cache)
+    changed = []
+    for i, p in enumerate(batch):
+        _complete(a, p)
+        got = _complete(b, p + [11])
+        if got != expected[i]:
+            changed.append({"prompt_index": i, "expected": expected[i], "got": got})
+    return {"probe": "cache-cross-revision", "cache": "LlamaDiskCache" if disk else "LlamaRAMCache",
+            "prompts": n, "outputs_changed": len(changed), "examples": changed[:3]}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_and_complete(rev: str, cwd: str, cache: bool, texts: list[str]) -> list[str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(export_gguf(checkpoints.REVISIONS[rev])),
+           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512", "--type_k", "0", "--type_v", "0",
+           "--n_threads", "1"]
+    if cache:
+        cmd += ["--cache", "true", "--cache_type", "disk"]
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+                break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError("llama_cpp.server did not start")
+                time.sleep(0.5)
+        outs = []
+        for t in texts:
+            body = json.dumps({"prompt": t, "max_tokens": 16, "temperature": 0.0, "top_k": 1,
+                               "repeat_penalty": 1.0}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            outs.append(json.loads(urllib.request.urlopen(req, timeout=60).read())["choices"][0]["text"])
+        return outs
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def server_disk_cache(n: int) -> dict:
+    tok = checkpoints.load_tokenizer()
+    batch = [tok.decode(p) for p in prompts(n)]
+    suffixed = [t + " the" for t in batch]
+    clean = tempfile.mkdtemp(prefix="srv-clean-")
+    expected = _serve_and_complete("b", clean, False, suffixed)
+    # control: revision b with its own disk cache (same suffixed prompts, after the unsuffixed ones)
+    own = tempfile.mkdtemp(prefix="srv-own-")
+    _serve_and_complete("b", own, True, batch)
+    control = _serve_and_complete("b", own, True, suffixed)
+    shared = tempfile.mkdtemp(prefix="srv-shared-")
+    _serve_and_complete("a", shared, True, batch)          # revision a fills .cache/llama_cache
+    got = _serve_and_complete("b", shared, True, suffixed)  # revision b, same working directory
+    changed = [{"prompt_index": i, "expected": e, "got": g} for i, (e, g) in enumerate(zip(expected, got)) if e != g]
+    control_changed = sum(e != c for e, c in zip(expected, control))
+    return {"probe": "server-disk-cache", "prompts": n, "outputs_changed": len(changed),
+            "control_own_cache_changed": control_changed, "examples": changed[:3]}
+
+
+def kv_dtype(n: int) -> dict:
+    model = checkpoints.load_target("a")
+    res = {}
+    for name, t in (("f32", 0), ("f16", 1)):
+        llm = _llama("a", type_k=t, type_v=t)
+        div = []
+        for i, p in enumerate(prompts(n)):
+            base = greedy(model, p, 24, eos_id=2)
+            llm.reset()
+            out = []
+            for tok in llm.generate(list(p), temp=0.0, top_k=1, repeat_penalty=1.0):
+                out.append(int(tok))
+                if tok == 2 or len(out) >= 24:
+                    break
+            pos = next((j for j, (x, y) in enumerate(zip(base.output, out)) if x != y), None)
+            if pos is not None:
+                div.append({"prompt_index": i, "position": pos, "baseline_margin": round(base.margins[pos], 6),
+                            "engine_took_runner_up": base.runner_up[pos] == out[pos]})
+        llm.close()
+        res[name] = {"prompts": n, "divergent": len(div), "divergences": div}
+    return {"probe": "kv-dtype", **res}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("probe", choices=["cache-cross-revision", "server-disk-cache", "f16-kv"])
+    ap.add_argument("--disk", action="store_true")
+    ap.add_argument("--n", type=int, default=None)
+    a = ap.parse_args()
+    if a.probe == "cache-cross-revision":
+        out = cache_cross_revision(a.n or 50, a.disk)
+    elif a.probe == "server-disk-cache":
+        out = server_disk_cache(a.n or 10)
+    else:
+        out = kv_dtype(a.n or 50)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
