@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from typing import Any, Callable
 
@@ -317,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="reports/economics")
     ap.add_argument("--k", type=int, default=4)
     args = ap.parse_args(argv)
+    try:
+        import matplotlib  # noqa: F401  (plots are part of the report)
+    except ImportError:
+        print("kvparity bench: the plots need matplotlib: pip install 'kvparity[dev]'", file=sys.stderr)
+        return 3
     import torch
 
     torch.set_num_threads(1)

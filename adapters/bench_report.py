@@ -108,7 +108,9 @@ def workload_sections(data: dict, out: Path, blocks: list[Block]) -> None:
                         f"speedup: the formula (1−α^(k+1))/((1−α)(k·c+1)), with c in cost units "
                         f"(draft {model.c:.2f}, n-gram 0) and with c measured in wall time"
                         f"{c_wall_note}"
-                        f"; the formula prices a verification like one plain step, the cost model prices it "
+                        f"; k in the predictions is the mean number of proposals per verification (n-gram lookup often "
+                        f"finds fewer than k, and a decode step with no proposal is a plain step); the formula prices "
+                        f"a verification like one plain step, the cost model prices it "
                         f"{model.fixed:g} + (k+1), so a cost-model prediction is shown too."))
     rows, per_pos, speedups, tkv = [], {}, [], []
     for name, by in wl.items():
@@ -120,7 +122,8 @@ def workload_sections(data: dict, out: Path, blocks: list[Block]) -> None:
             spec = ec.cost_per_token(res, m)
             s_wall, s_units = ec.speedup(plain, spec)
             alpha = acc.alpha or 0.0
-            k = data["k"]
+            # n-gram lookup often finds fewer than k tokens: predict with the proposals actually made
+            k = acc.proposed / acc.verifications if acc.verifications else data["k"]
             c_wall = (data.get("c_wall") or 0.0) if drafter == "draft" else 0.0
             pred_u = ec.predicted_speedup(alpha, k, m.c)
             pred_w = ec.predicted_speedup(alpha, k, c_wall)
@@ -128,13 +131,13 @@ def workload_sections(data: dict, out: Path, blocks: list[Block]) -> None:
             pred_cm = tokens / (m.verification(k) / m.target_pass(1))
             per_pos[(name, drafter)] = acc.alpha_per_position
             speedups.append((f"{name}\n{drafter}", s_units, pred_cm, pred_u, s_wall, pred_w))
-            rows.append([name, drafter, fmt(acc.alpha, 3), " ".join(fmt(a, 2) for a in acc.alpha_per_position),
+            rows.append([name, drafter, fmt(k, 2), fmt(acc.alpha, 3), " ".join(fmt(a, 2) for a in acc.alpha_per_position),
                          fmt(acc.committed_per_verification), f"{fmt(plain.units_per_token)} → {fmt(spec.units_per_token)}",
                          f"{ms(plain.s_per_token)} → {ms(spec.s_per_token)}", fmt(s_units), fmt(pred_cm), fmt(pred_u),
                          fmt(s_wall), fmt(pred_w)])
             t = ec.temporary_kv(res, by[drafter]["trace"])
             tkv.append([name, drafter, t.allocated, t.freed, t.promoted, t.peak])
-    blocks.append(("table", ["workload", "drafter", "α", "α per position", "tokens / verification",
+    blocks.append(("table", ["workload", "drafter", "k used", "α", "α per position", "tokens / verification",
                              "units / token (plain → spec)", "ms / token (plain → spec)", "speedup units",
                              "predicted (cost model)", "predicted (formula, c units)", "speedup wall",
                              "predicted (formula, c wall)"], rows))
@@ -236,7 +239,7 @@ def plot_budget(wl: dict, out: Path) -> str:
         res = wl[n]["none"]["results"]
         data += [[r.timings["ttft_s"] * 1e3 for r in res if "ttft_s" in r.timings],
                  [r.timings["tpot_s"] * 1e3 for r in res if "tpot_s" in r.timings]]
-        labels += [f"TTFT\n{n[:12]}", f"TPOT\n{n[:12]}"]
+        labels += [f"TTFT\n{n.split()[0]}", f"TPOT\n{n.split()[0]}"]
     axes[2].boxplot(data)
     axes[2].set_xticks(range(1, len(labels) + 1), labels, fontsize=7)
     axes[2].set_yscale("log")

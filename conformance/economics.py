@@ -248,8 +248,9 @@ def rounds_cost(model: CostModel, rounds: Sequence[tuple[int, int]]) -> tuple[fl
 
 def decode_cost(r: Result, model: CostModel) -> float | None:
     """A request's decode-phase cost in model units from what the driver recorded: its decode passes
-    (extra["decode_passes"]: target passes after the first token, *its own* share at batch 1), the
-    tokens it fed to them (extra["decode_forwards"]) and its proposals."""
+    (extra["decode_passes"]: target passes after its first token, each counted as 1 / the number of
+    sequences sharing it, so a batch splits the fixed part), the tokens it fed to them
+    (extra["decode_forwards"]) and its proposals."""
     passes, fwd = _extra(r, "decode_passes"), _extra(r, "decode_forwards")
     if passes is None or fwd is None:
         return None

@@ -152,4 +152,10 @@ def test_ci_bench_on_reference_engine_writes_the_report(tmp_path):
     for needle in ("reuse ratio", "shared system prompt", "multi-turn chat", "no sharing", "12 / 9 / 18",
                    "shared 2-core CPU", "torch", "Temporary KV", "Chunked prefill"):
         assert needle in md
+    from adapters.bench import draft_available
+
+    if draft_available() and (tmp_path / "worked_12_9_18.png").exists():  # the engine demonstration ran
+        rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
+        assert "| 12.0 |" in rows["plain"] and "| 9.0 |" in rows["n-gram k=5"]
+        assert "| 18.0 |" in rows["draft model k=5"] and "| 0.40 |" in rows["draft model k=5"]
     assert elapsed < 90, f"CI bench took {elapsed:.0f}s"
