@@ -34,6 +34,8 @@ here); the oracle is the reference model in float64, so a small tolerance is dec
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pathlib
 import shutil
@@ -55,7 +57,9 @@ CACHES = ("none", "ram", "disk")
 CONFIG_SPACE = {
     "drafter": DRAFTERS,
     "k": (4, 1, 8),
-    "n_batch": (512, 7),
+    # 9: prompts are decoded in chunks of 9, and a draft round (k + 1 <= 9 tokens) still fits one chunk -
+    # with k + 1 > n_batch llama-cpp-python 0.3.36 aborts the process (finding F3, see _check_config).
+    "n_batch": (512, 9),
     "cache": ("none", "ram", "disk"),
 }
 KNOBS = ("drafter", "k", "n_batch", "cache")
@@ -130,6 +134,17 @@ class GgufDraftModel(_drafter_base()):  # type: ignore[misc]
             if len(out) >= budget:
                 break
         return np.array(out, dtype=np.intc)
+
+    @staticmethod
+    def _check_config(c: Mapping[str, Any]) -> None:
+        """Refuse, as an engine error, a configuration llama-cpp-python 0.3.36 would answer by killing the
+        process: with a drafter, `generate` evals k + 1 tokens; `eval` splits them into n_batch chunks, and
+        sampling a position of an earlier chunk reads logits llama.cpp no longer holds:
+        GGML_ASSERT(logits != nullptr) in llama-sampler.cpp, SIGABRT (reports/llama_cpp, finding F3)."""
+        if c["drafter"] != "none" and c["k"] + 1 > c["n_batch"]:
+            raise EngineError(f"llama-cpp-python aborts (GGML_ASSERT logits != nullptr) when a draft round "
+                              f"k + 1 = {c['k'] + 1} exceeds n_batch = {c['n_batch']}; refused before it kills "
+                              f"the process (reports/llama_cpp/README.md, F3)")
 
     def reset(self) -> None:
         self.llm.reset()
@@ -264,9 +279,21 @@ class LlamaCppAdapter:
         new = {k: self._parse_knob(k, v) for k, v in merged.items()}
         if new["drafter"] == "draft_model" and "draft" not in self.paths:
             raise UsageError("drafter=draft_model needs the tiny-draft checkpoint")
+        self._check_config(new)
         self._close_llms()
         self.config = new
         self._caches = {}
+
+    @staticmethod
+    def _check_config(c: Mapping[str, Any]) -> None:
+        """Refuse, as an engine error, a configuration llama-cpp-python 0.3.36 would answer by killing the
+        process: with a drafter, `generate` evals k + 1 tokens; `eval` splits them into n_batch chunks, and
+        sampling a position of an earlier chunk reads logits llama.cpp no longer holds:
+        GGML_ASSERT(logits != nullptr) in llama-sampler.cpp, SIGABRT (reports/llama_cpp, finding F3)."""
+        if c["drafter"] != "none" and c["k"] + 1 > c["n_batch"]:
+            raise EngineError(f"llama-cpp-python aborts (GGML_ASSERT logits != nullptr) when a draft round "
+                              f"k + 1 = {c['k'] + 1} exceeds n_batch = {c['n_batch']}; refused before it kills "
+                              f"the process (reports/llama_cpp/README.md, F3)")
 
     def reset(self) -> None:
         for llm in self._llms.values():
@@ -440,7 +467,8 @@ class LlamaCppAdapter:
                     i1, i2 = i2, i1
                 top2.append((int(i1), float(row[i1]), int(i2), float(row[i2])))
             if llm.cache:
-                llm.cache[prompt + output] = llm.save_state()
+                with contextlib.redirect_stderr(io.StringIO()):  # LlamaDiskCache prints on every save
+                    llm.cache[prompt + output] = llm.save_state()
         except (UsageError, EngineError):
             raise
         except Exception as exc:  # noqa: BLE001

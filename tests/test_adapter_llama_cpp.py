@@ -315,3 +315,32 @@ def test_cache_per_identity_does_not_leak(gguf_dir, cache):
             assert compare(a.baseline(rb), res_b.output, res_b.finish_reason, a.capabilities().tolerance).ok
     finally:
         a.close()
+
+
+@pytest.mark.thirdparty
+@needs_llama
+def test_adapter_refuses_draft_rounds_larger_than_n_batch(adapter):
+    """k + 1 > n_batch with a drafter makes llama-cpp-python 0.3.36 abort the process (F3): the adapter
+    turns that into an EngineError (an `error` verdict) instead of dying."""
+    from conformance.contract import EngineError
+
+    with pytest.raises(EngineError, match="GGML_ASSERT"):
+        adapter.configure({"drafter": "prompt_lookup", "k": 8, "n_batch": 4})
+    adapter.configure({})
+
+
+@pytest.mark.thirdparty
+@needs_llama
+def test_spec_crash_findings_still_reproduce():
+    """F2 (ValueError) and F3 (SIGABRT) in child processes; controls generate. Fails when upstream fixes
+    them - then update reports/llama_cpp/README.md and drop the adapter's guard."""
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location(
+        "llama_probes", pathlib.Path(__file__).parent.parent / "reports" / "llama_cpp" / "probes.py")
+    probes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probes)
+    cases = probes.spec_crash()["cases"]
+    codes = {name.split(",")[0]: c["returncode"] for name, c in cases.items()}
+    assert [c["returncode"] for c in cases.values()] == [1, 0, -6, 0], cases
+    assert "ValueError" in cases["F2 default logits_all, prompt 600 > n_batch 512"]["outcome"], codes

@@ -10,6 +10,12 @@
       The same through llama_cpp.server itself: serve revision a with --cache true --cache_type disk,
       send a text prompt, stop; serve revision b from the same working directory (a weight update /
       model swap), send the prompt plus a suffix; compare with revision b served with no cache.
+  python reports/llama_cpp/probes.py spec-crash
+      Speculative decoding (`Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))`) in a child
+      process per case: (F2) default logits_all, n_ctx 1024 > n_batch 512, a 600-token prompt -> ValueError
+      in Llama.eval (the scores buffer is sized from the constructor's logits_all=False, n_batch rows,
+      although draft_model forces logits for every token); (F3) logits_all=True, n_batch 8 < k + 1 ->
+      GGML_ASSERT(logits != nullptr) in llama-sampler.cpp and SIGABRT. Controls with n_batch 512.
   python reports/llama_cpp/probes.py f16-kv [--n 50]
       Greedy divergences of llama.cpp with f16 KV (type_k=type_v=1) vs the float64 reference, with the
       baseline margin at each divergence (f32 KV for comparison).
@@ -158,9 +164,43 @@ def kv_dtype(n: int) -> dict:
     return {"probe": "kv-dtype", **res}
 
 
+_SPEC_CHILD = """
+import sys
+from llama_cpp import Llama
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+nb, la, nctx, plen, path = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+llm = Llama(model_path=path, n_ctx=nctx, n_batch=nb, n_threads=1, verbose=False, logits_all=la,
+            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
+prompt = ([5, 6, 7, 8, 9] * 200)[:plen]
+out = []
+for t in llm.generate(prompt, temp=0.0, top_k=1):
+    out.append(t)
+    if len(out) >= 20:
+        break
+print("generated", len(out))
+"""
+
+
+def spec_crash() -> dict:
+    path = str(export_gguf(checkpoints.REVISIONS["a"]))
+    cases = {"F2 default logits_all, prompt 600 > n_batch 512": ("512", "0", "1024", "600"),
+             "F2 control, prompt 400 <= n_batch 512": ("512", "0", "1024", "400"),
+             "F3 logits_all=True, n_batch 8 < k+1 = 11": ("8", "1", "256", "30"),
+             "F3 control, n_batch 512": ("512", "1", "256", "30")}
+    out = {}
+    for name, args in cases.items():
+        p = subprocess.run([sys.executable, "-c", _SPEC_CHILD, *args, path], capture_output=True, text=True,
+                           timeout=120)
+        lines = (p.stdout + p.stderr).splitlines()
+        why = next((ln.strip() for ln in lines if "GGML_ASSERT" in ln or "Error:" in ln or ln.startswith("generated")),
+                   lines[-1] if lines else "")
+        out[name] = {"returncode": p.returncode, "outcome": why[-160:]}
+    return {"probe": "spec-crash", "cases": out}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("probe", choices=["cache-cross-revision", "server-disk-cache", "f16-kv"])
+    ap.add_argument("probe", choices=["cache-cross-revision", "server-disk-cache", "spec-crash", "f16-kv"])
     ap.add_argument("--disk", action="store_true")
     ap.add_argument("--n", type=int, default=None)
     a = ap.parse_args()
@@ -168,6 +208,8 @@ def main() -> int:
         out = cache_cross_revision(a.n or 50, a.disk)
     elif a.probe == "server-disk-cache":
         out = server_disk_cache(a.n or 10)
+    elif a.probe == "spec-crash":
+        out = spec_crash()
     else:
         out = kv_dtype(a.n or 50)
     print(json.dumps(out, indent=1))
