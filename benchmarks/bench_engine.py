@@ -1,8 +1,10 @@
 """Reference engine speed, on the shipped checkpoints (run: python benchmarks/bench_engine.py).
 
 (a) batched throughput: the reference engine (float64, paged KV, continuous batching) vs transformers
-    `LlamaForCausalLM.generate` on the same checkpoint folder and the same padded batch, interleaved
-    and repeated in one process; the ratio is of medians. Wall time and process CPU time are both
+    `LlamaForCausalLM.generate` on the same checkpoint folder and the same (left-padded) batch,
+    interleaved and repeated in one process; the ratio is of medians. Two workloads, labelled:
+    "uniform" (equal prompt lengths and max_tokens: a static padded batch's best case) and "mixed"
+    (varied prompt lengths and max_tokens, as a server sees them; `generate` runs to the largest). Wall time and process CPU time are both
     reported: on a shared machine CPU time is the steadier of the two (both sides run one thread).
 (b) speculative speedup at batch 1, with the tiny draft model and with n-gram prompt lookup, next to the
     prediction (1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured acceptance a and cost ratio c
@@ -50,11 +52,28 @@ class Clock:
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
-def engine_run(registry, ps, max_tokens) -> tuple[int, Clock]:
+Workload = list[tuple[tuple[int, ...], int]]  # (prompt, max_tokens) per request
+
+
+def workloads(batch: int, prompt_len: int, max_tokens: int) -> dict[str, Workload]:
+    """uniform: equal prompts and max_tokens (a padded batch's best case); mixed: prompt lengths
+    prompt_len/3..2*prompt_len and max_tokens max_tokens/4..2*max_tokens, drawn with a fixed seed —
+    what a server sees, and what continuous batching is for."""
+    import random
+
+    rng = random.Random(0)
+    uniform = [(p, max_tokens) for p in prompts(batch, prompt_len)]
+    longest = prompts(batch, 2 * prompt_len)
+    mixed = [(p[:rng.randint(prompt_len // 3, 2 * prompt_len)], rng.randint(max_tokens // 4, 2 * max_tokens))
+             for p in longest]
+    return {"uniform": uniform, "mixed": mixed}
+
+
+def engine_run(registry, work: Workload) -> tuple[int, Clock]:
     engine = Engine(EngineConfig(), registry)
-    engine.generate([Request("warm", ps[0], 4)])
+    engine.generate([Request("warm", work[0][0], 4)])
     with Clock() as clock:
-        reports = engine.generate([Request(f"r{i}", p, max_tokens) for i, p in enumerate(ps)])
+        reports = engine.generate([Request(f"r{i}", p, m) for i, (p, m) in enumerate(work)])
     return sum(len(r.output) for r in reports), clock
 
 
@@ -64,30 +83,34 @@ def hf_model(dtype):
     return LlamaForCausalLM.from_pretrained(str(checkpoints.revision_dir("a")), dtype=dtype).eval()
 
 
-def hf_run(model, ps, max_tokens) -> tuple[int, Clock]:
+def hf_run(model, work: Workload) -> tuple[int, Clock]:
+    """One left-padded `generate` call to the largest max_tokens; each request's useful tokens are
+    counted up to its own max_tokens or eos (included), as the engine counts them."""
+    ps = [p for p, _ in work]
     width = max(len(p) for p in ps)
     ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in ps])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
     with torch.no_grad():
         model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=4, do_sample=False, pad_token_id=0)
         with Clock() as clock:
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
-                                 pad_token_id=0)
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=max(m for _, m in work),
+                                 do_sample=False, pad_token_id=0)
     eos = model.config.eos_token_id
     n = 0
-    for row in out[:, width:].tolist():  # count up to and including eos, as the engine does
+    for row, (_, m) in zip(out[:, width:].tolist(), work):
+        row = row[:m]
         n += (row.index(eos) + 1) if eos in row else len(row)
     return n, clock
 
 
-def throughput(registry, ps, max_tokens, repeats: int) -> dict[str, dict]:
+def throughput(registry, work: Workload, repeats: int) -> dict[str, dict]:
     """Engine and transformers runs interleaved `repeats` times; median tokens/s (wall and CPU)."""
     models = {"transformers float64": hf_model(torch.float64), "transformers float32": hf_model(torch.float32)}
     runs: dict[str, list[tuple[int, Clock]]] = {"engine": [], **{name: [] for name in models}}
     for _ in range(repeats):
-        runs["engine"].append(engine_run(registry, ps, max_tokens))
+        runs["engine"].append(engine_run(registry, work))
         for name, model in models.items():
-            runs[name].append(hf_run(model, ps, max_tokens))
+            runs[name].append(hf_run(model, work))
     return {name: {"tokens": rs[0][0], "wall": statistics.median(n / c.wall for n, c in rs),
                    "cpu": statistics.median(n / c.cpu for n, c in rs)} for name, rs in runs.items()}
 
@@ -165,16 +188,17 @@ def main() -> None:
     registry = ModelRegistry()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} thread(s)")
     if "throughput" not in args.skip:
-        ps = prompts(args.batch, args.prompt_len)
-        print(f"(a) batch {args.batch}, prompt {args.prompt_len} tokens, max_tokens {args.max_tokens}, "
-              f"median of {args.repeats} interleaved runs")
-        res = throughput(registry, ps, args.max_tokens, args.repeats)
-        eng = res["engine"]
-        for name, r in res.items():
-            ratio = "" if name == "engine" else (f"  engine/this = {eng['wall'] / r['wall']:.2f}x wall, "
-                                                 f"{eng['cpu'] / r['cpu']:.2f}x cpu")
-            print(f"    {name:22s} {r['wall']:8.1f} tok/s wall {r['cpu']:8.1f} tok/s cpu "
-                  f"({r['tokens']} tokens){ratio}")
+        for name, work in workloads(args.batch, args.prompt_len, args.max_tokens).items():
+            lens, maxes = [len(p) for p, _ in work], [m for _, m in work]
+            print(f"(a) {name}: batch {args.batch}, prompts {min(lens)}-{max(lens)} tokens, max_tokens "
+                  f"{min(maxes)}-{max(maxes)}, median of {args.repeats} interleaved runs")
+            res = throughput(registry, work, args.repeats)
+            eng = res["engine"]
+            for label, r in res.items():
+                ratio = "" if label == "engine" else (f"  engine/this = {eng['wall'] / r['wall']:.2f}x wall, "
+                                                      f"{eng['cpu'] / r['cpu']:.2f}x cpu")
+                print(f"    {label:22s} {r['wall']:8.1f} tok/s wall {r['cpu']:8.1f} tok/s cpu "
+                      f"({r['tokens']} tokens){ratio}")
     if "spec" in args.skip:
         return
     sp = prompts(args.spec_prompts, args.prompt_len)

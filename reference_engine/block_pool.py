@@ -152,7 +152,7 @@ class Segment:
 class AttentionBatch:
     """Index tensors for one padded attention call over segments of similar query counts.
 
-    queries [B, Tq]: batch row of each padded query (a padded query repeats its segment's last real
+    queries [B * Tq]: batch row of each padded query (a padded query repeats its segment's last real
     row and position, so it is well defined, and is dropped); keys [B, L]: slot of positions 0..L-1
     of each segment; mask [B, 1, Tq, L]: True where a query may attend (key position <= its own);
     rows / keep: the batch rows the real queries fill and their indices in the flattened [B * Tq].
@@ -160,7 +160,7 @@ class AttentionBatch:
 
     queries: torch.Tensor | None
     keys: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     rows: torch.Tensor | None
     keep: torch.Tensor | None
     shape: tuple[int, int]  # (B, Tq)
@@ -208,11 +208,13 @@ class PagedKV:
         last = [[min(t, s.n - 1) for t in range(tq)] for s in segs]  # padded query -> real query
         q_pos = torch.tensor([[s.start + t for t in ts] for s, ts in zip(segs, last)], dtype=torch.long)
         mask = (torch.arange(lk) <= q_pos[:, :, None])[:, None]
-        keys = self.slot_of[torch.tensor(members, dtype=torch.long), :lk]
+        if all(s.start + s.n == lk for s in segs) and tq == 1:
+            mask = None  # decodes of equal lengths: every key is visible
+        keys = self.slot_of[torch.tensor(members, dtype=torch.long), :lk].contiguous()
         rows = [self.first_row[i] + t for i, s in zip(members, segs) for t in range(s.n)]
         if len(rows) == len(segs) * tq and rows == list(range(self.num_rows)):
             return AttentionBatch(None, keys, mask, None, None, (len(segs), tq))
-        queries = torch.tensor([[self.first_row[i] + t for t in ts] for i, ts in zip(members, last)],
+        queries = torch.tensor([self.first_row[i] + t for i, ts in zip(members, last) for t in ts],
                                dtype=torch.long)
         keep = [b * tq + t for b, s in enumerate(segs) for t in range(s.n)]
         return AttentionBatch(queries, keys, mask, torch.tensor(rows, dtype=torch.long),
@@ -225,13 +227,18 @@ class PagedKV:
         vc.index_copy_(0, self.slots, v)
         out = None
         for b in self.batches:
-            qb = q.view(*b.shape, *q.shape[1:]) if b.queries is None else q[b.queries]  # [B, Tq, H, D]
-            o = F.scaled_dot_product_attention(qb.transpose(1, 2), kc[b.keys].transpose(1, 2),
-                                               vc[b.keys].transpose(1, 2), attn_mask=b.mask, enable_gqa=True)
-            o = o.transpose(1, 2).reshape(-1, *q.shape[1:])
+            # index_select on flat indices: the same gather as kc[keys], a few times cheaper.
+            (bsz, tq), lk, head = b.shape, b.keys.shape[1], q.shape[1:]
+            qb = q.view(bsz, tq, *head) if b.queries is None else q.index_select(0, b.queries).view(bsz, tq, *head)
+            kb = kc.index_select(0, b.keys.view(-1)).view(bsz, lk, *kc.shape[1:])
+            vb = vc.index_select(0, b.keys.view(-1)).view(bsz, lk, *vc.shape[1:])
+            # heads first for SDPA: [B, heads, Tq or L, D]
+            o = F.scaled_dot_product_attention(qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2),
+                                               attn_mask=b.mask, enable_gqa=True)
+            o = o.transpose(1, 2).reshape(-1, *head)
             if b.rows is None:
                 return o
             if out is None:
                 out = torch.empty_like(q)
-            out[b.rows] = o[b.keep]
+            out.index_copy_(0, b.rows, o.index_select(0, b.keep))
         return out

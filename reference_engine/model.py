@@ -160,7 +160,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(t, c.num_attention_heads, c.head_dim)
         k = self.k_proj(x).view(t, c.num_key_value_heads, c.head_dim)
         v = self.v_proj(x).view(t, c.num_key_value_heads, c.head_dim)
-        return rope(q, cos, sin), rope(k, cos, sin), v
+        qk = rope(torch.cat([q, k], dim=1), cos, sin)  # one rotation for both: fewer small ops
+        return qk[:, :c.num_attention_heads], qk[:, c.num_attention_heads:], v
 
 
 class MLP(nn.Module):
