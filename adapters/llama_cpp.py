@@ -20,6 +20,9 @@ What it drives (all real llama-cpp-python code paths, f32 GGUF exported by adapt
   and `adversarial` (proposes tokens the target is unlikely to pick - verification must reject them).
   llama-cpp-python reports no draft statistics: proposals are counted by wrapping the drafter and
   acceptance is derived from the committed output (`extra["draft_counts"] = "adapter-observed"`).
+* **Single-slot context = eviction**: the context holds one sequence, so each request drops whatever of
+  the previous context it does not share (`extra["evictions"]`: KV positions dropped, observed); hence
+  `evicts=True`.
 * **Chunked prefill**: `n_batch` (and `n_ubatch`) smaller than the prompt makes `eval` decode it in
   chunks.
 * **Identities**: revision a / b (one `Llama` per identity, separate contexts) and, when the GGUF LoRA
@@ -243,7 +246,7 @@ class LlamaCppAdapter:
         return Capabilities(
             name="llama_cpp", vocab_size=1024, max_context=self.n_ctx, eos_id=2, block_size=16,
             prefix_caching=True, reports_cached_tokens=True, speculation=True, reports_drafts=True,
-            chunked_prefill=True, evicts=False, top2_logits=True, identities=frozenset(idents),
+            chunked_prefill=True, evicts=True, top2_logits=True, identities=frozenset(idents),
             revisions=("a", "b"), adapters=self.adapters, introspection=False, baseline_mode=False,
             tolerance=self.tolerance, config_space=self._config_space(), min_hit_prompt=2,
             version=self.version(),
@@ -413,6 +416,7 @@ class LlamaCppAdapter:
         except Exception as exc:  # noqa: BLE001
             raise EngineError(f"llama.cpp failed to load {req.identity.label()}: {exc}") from exc
         prompt = list(req.prompt)
+        prev_ids = [int(t) for t in llm._input_ids.tolist()]  # the single context slot before this request
         source = "context"
         t0 = time.perf_counter()
         try:
@@ -476,6 +480,10 @@ class LlamaCppAdapter:
         cached = observed[0] if observed else 0
         if cached == 0:
             source = "none"
+        # llama-cpp-python keeps ONE sequence in context: whatever of the previous context this request did
+        # not reuse is dropped (a state loaded from the RAM/disk cache replaces the context wholesale).
+        kept = Llama.longest_token_prefix(prev_ids, prompt[:cached]) if source == "context" else 0
+        evicted = len(prev_ids) - kept
         proposed = accepted = None
         if drafter is not None:
             proposed, accepted = _accepted(len(prompt), output, drafter.calls)
@@ -483,7 +491,7 @@ class LlamaCppAdapter:
             request_id=req.id, output=tuple(output), finish_reason=finish, cached_tokens=cached,
             draft_proposed=proposed, draft_accepted=accepted, top2=tuple(top2),
             timings={"wall_s": elapsed},
-            extra={"cached_source": source, "prompt_tokens": len(prompt),
+            extra={"cached_source": source, "prompt_tokens": len(prompt), "evictions": evicted,
                    "prefill_chunks": observed[1] if observed else 0, "cached_count": "observed (n_tokens at first eval)",
                    **({"draft_counts": "adapter-observed"} if drafter is not None else {}),
                    "config": dict(self.config)},
