@@ -74,7 +74,8 @@ class DraftModelDrafter(Drafter):
         new = seq.tokens[len(fed):]
         proposals: list[int] = []
         while True:
-            logits = self.model(torch.tensor(new), torch.arange(len(fed), len(fed) + len(new)), kv)[-1]
+            last = torch.tensor([len(new) - 1])  # only the last fed token's logits are needed
+            logits = self.model(torch.tensor(new), torch.arange(len(fed), len(fed) + len(new)), kv, last)[0]
             self.forwards += len(new)
             fed.extend(new)
             proposals.append(int(logits.argmax()))
@@ -90,7 +91,11 @@ class DraftModelDrafter(Drafter):
 
 
 class NgramDrafter(Drafter):
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens, propose what followed."""
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens, propose what followed.
+
+    The copy may overlap its own output (as in LZ77): when the match sits just before the tail — a
+    sequence repeating itself with a period shorter than k — the proposal continues the repetition
+    instead of stopping at the end of the text, so a found match always yields k proposals."""
 
     name = "ngram"
 
@@ -106,9 +111,11 @@ class NgramDrafter(Drafter):
             tail = toks[-n:]
             for i in range(len(toks) - n - 1, -1, -1):
                 if toks[i:i + n] == tail:
-                    found = toks[i + n:i + n + k]
-                    if found:
-                        return found
+                    source = i + n  # < len(toks): the copy always has a first token to read
+                    text = list(toks[source:])
+                    while len(text) < k:  # overlapping copy: read what was just proposed
+                        text.append(text[len(text) - (len(toks) - source)])
+                    return text[:k]
         return []
 
 

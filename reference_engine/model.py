@@ -77,41 +77,58 @@ class KVStore(Protocol):
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     q_positions: torch.Tensor) -> torch.Tensor:
+                     q_positions: torch.Tensor | None) -> torch.Tensor:
     """q: [T, H, D] at absolute `q_positions`; k, v: [L, KVH, D] for positions 0..L-1 of one sequence.
 
-    Each query attends to keys at positions <= its own. GQA: each KV head serves H/KVH query heads
-    (query head h reads KV head h // (H/KVH), as in HF).
+    Each query attends to keys at positions <= its own (q_positions None: every key is visible).
+    GQA: each KV head serves H/KVH query heads (query head h reads KV head h // (H/KVH), as in HF).
     """
-    mask = torch.arange(k.shape[0], device=q.device)[None, :] <= q_positions[:, None]  # [T, L]
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+    mask = None
+    if q_positions is not None:
+        mask = torch.arange(k.shape[0], device=q.device)[None, :] <= q_positions[:, None]  # [T, L]
+    # SDPA wants [batch, heads, T or L, D]; with a batch dimension it picks its fast CPU kernel.
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                        attn_mask=mask, enable_gqa=True)
-    return o.transpose(0, 1)
+    return o[0].transpose(0, 1)
 
 
 class DenseKV:
-    """Contiguous KV of one sequence: the simplest KVStore (baseline decoding, tests)."""
+    """Contiguous KV of one sequence: the simplest KVStore (baseline decoding, the draft model, tests).
 
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float64):
-        self.config = config
-        shape = (0, config.num_key_value_heads, config.head_dim)
-        self.k = [torch.empty(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
-        self.v = [torch.empty(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+    Buffers grow by doubling and are written in place, so a decode step copies one token's K/V rather
+    than the whole history; `truncate` (draft rollback) only moves the length back."""
+
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float64, capacity: int = 64):
+        self.config, self.dtype = config, dtype
+        self.lengths = [0] * config.num_hidden_layers  # per layer: within a forward, layer 0 runs ahead
+        self.k = self._buffer(capacity)
+        self.v = self._buffer(capacity)
+
+    def _buffer(self, capacity: int) -> torch.Tensor:
+        c = self.config
+        return torch.zeros(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim, dtype=self.dtype)
 
     def __len__(self) -> int:
-        return self.k[0].shape[0]
+        return self.lengths[-1]
 
     def attend(self, layer, q, k, v, positions):
-        if positions[0].item() != self.k[layer].shape[0]:
+        start, t = self.lengths[layer], q.shape[0]
+        if positions[0].item() != start:
             raise ValueError("DenseKV expects new tokens to follow the stored ones")
-        self.k[layer] = torch.cat([self.k[layer], k])
-        self.v[layer] = torch.cat([self.v[layer], v])
-        return causal_attention(q, self.k[layer], self.v[layer], positions)
+        if start + t > self.k.shape[1]:
+            grown_k, grown_v = self._buffer(2 * (start + t)), self._buffer(2 * (start + t))
+            grown_k[:, :self.k.shape[1]], grown_v[:, :self.v.shape[1]] = self.k, self.v
+            self.k, self.v = grown_k, grown_v
+        self.k[layer, start:start + t] = k
+        self.v[layer, start:start + t] = v
+        self.lengths[layer] = start + t
+        keys, values = self.k[layer, :start + t], self.v[layer, :start + t]
+        # one query is the last position: it sees every key, no mask needed
+        return causal_attention(q, keys, values, positions if t > 1 else None)
 
     def truncate(self, length: int) -> None:
         """Drop KV past `length` (rollback of rejected draft tokens)."""
-        self.k = [t[:length] for t in self.k]
-        self.v = [t[:length] for t in self.v]
+        self.lengths = [min(n, length) for n in self.lengths]
 
 
 class RMSNorm(nn.Module):
