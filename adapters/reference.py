@@ -7,9 +7,18 @@ and `configure` switches between points of `config_space` (a fresh engine each t
 configurations). The engine computes in float64 and declares tolerance 0: any divergence is a bug.
 
 Identities: conformance's Identity(revision, adapter, adapter_digest, salt) maps to the engine's
-Identity(revision, adapter, salt). An `adapter_digest` that names other shipped weights than the
-adapter's current ones (full hex or a prefix of >= 8) rebinds the name to those weights first — an
-in-place adapter reload, which must invalidate that adapter's cached KV.
+Identity(revision, adapter, salt). An `adapter_digest` that names other known weights than the
+adapter's current ones (full digest or a prefix of >= 8) rebinds the name to those weights first — an
+in-place adapter reload, which must invalidate that adapter's cached KV. `capabilities().adapters`
+lists every (name, weights) binding as "name@digest", so the strategies exercise reloads.
+
+Claims (`capabilities`) describe the whole `config_space`, not only the current configuration: the
+strategies configure every example from that space, so speculation and chunked prefill are exercised
+(and the vacuity guard must ask for accepted drafts and chunked prefills) even when the defaults have
+them off.
+
+`fault=NAME` switches on one fault of the fault zoo (reference_engine/faults.py) in every engine this
+adapter builds; without it the engine is built and run exactly as always.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from reference_engine.baseline import greedy
 from reference_engine.drafters import DRAFTERS
 from reference_engine.engine import Engine, EngineConfig
 from reference_engine.engine import Request as EngineRequest
+from reference_engine.faults import FAULTS, apply_fault
 from reference_engine.errors import PoolExhaustedError, ReferenceEngineError
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.sequence import Identity as EngineIdentity
@@ -46,6 +56,16 @@ def shared_registry() -> ModelRegistry:
     if _REGISTRY is None:
         _REGISTRY = ModelRegistry()
     return _REGISTRY
+
+
+def known_weights(registry: ModelRegistry) -> dict[str, tuple]:
+    """Every adapter weights the registry was first given, by digest (kept on the registry: rebinding a
+    name must not lose the weights it was bound to)."""
+    table = registry.__dict__.get("_kvparity_weights")
+    if table is None:
+        table = {entry[0]: entry for entry in registry.adapters.values()}
+        registry.__dict__["_kvparity_weights"] = table
+    return table
 
 
 def _int(name: str, value: Any, allow_none: bool = False) -> int | None:
@@ -87,30 +107,43 @@ class ReferenceAdapter:
     """The Engine contract (conformance/contract.py) over reference_engine.Engine; introspectable."""
 
     def __init__(self, **knobs: Any) -> None:
+        fault = knobs.pop("fault", None)
+        self.fault = None if fault is None or str(fault).lower() in ("", "none", "off") else str(fault)
+        if self.fault is not None and self.fault not in FAULTS:
+            raise UsageError(f"fault={self.fault!r}: unknown fault; known: {', '.join(sorted(FAULTS))}")
         self.defaults = {**DEFAULTS, **{k: str(v) for k, v in knobs.items()}}
         engine_config(self.defaults)  # validate now: bad engine arguments are a usage error
         self.registry = shared_registry()
+        self.weights = known_weights(self.registry)
         self.engine: Engine | None = None
         self.configure({})
 
     # -- contract ---------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         c, mc = self.config, self.registry.config()
+        drafters = {c.drafter, *map(str, CONFIG_SPACE.get("drafter", ()))}
+        chunks = {c.chunk_size, *(v for v in CONFIG_SPACE.get("chunk_size", ()) if str(v).lower() != "none")}
+        budgets = {c.token_budget, *CONFIG_SPACE.get("token_budget", ())}
+        longest = mc.max_position_embeddings
         return Capabilities(
             name="reference", version="0.1.0", vocab_size=mc.vocab_size, max_context=mc.max_position_embeddings,
             eos_id=mc.eos_token_id, block_size=c.block_size,
             prefix_caching=c.enable_prefix_cache, reports_cached_tokens=True,
-            speculation=c.drafter != "none", reports_drafts=True,
-            chunked_prefill=c.chunk_size is not None, evicts=c.enable_prefix_cache,
+            # what some point of config_space can do (the strategies draw every example's config from it)
+            speculation=bool(drafters - {"none"}), reports_drafts=True,
+            chunked_prefill=any(ch is not None for ch in chunks) or min(budgets) < longest,
+            evicts=c.enable_prefix_cache,
             top2_logits=False, identities=frozenset({"salt", "adapter", "revision"}),
-            revisions=self.registry.revisions(), adapters=tuple(sorted(self.registry.adapters)),
+            revisions=self.registry.revisions(),
+            adapters=tuple(f"{name}@{digest}" for name in sorted(self.registry.adapters)
+                           for digest in sorted(self.weights)),
             introspection=True, baseline_mode=True, tolerance=0.0,
             config_space=CONFIG_SPACE, min_hit_prompt=c.block_size + 1)
 
     def configure(self, config: Mapping[str, Any]) -> None:
         self.config = engine_config({**self.defaults, **{k: str(v) for k, v in config.items()}})
         try:
-            self.engine = Engine(self.config, self.registry)
+            self.engine = apply_fault(Engine(self.config, self.registry), self.fault)
         except ValueError as e:
             raise UsageError(str(e)) from e
 
@@ -156,6 +189,12 @@ class ReferenceAdapter:
         current = self.registry.adapters.get(name)
         if current is not None and current[0].startswith(digest):
             return
+        if name in self.registry.adapters and len(digest) >= 8:
+            for full, weights in self.weights.items():
+                if full.startswith(digest):
+                    self.registry.adapters[name] = weights
+                    self.registry._identities.clear()
+                    return
         if len(digest) >= 8:
             for source in checkpoints.ADAPTERS:
                 try:

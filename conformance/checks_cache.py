@@ -208,6 +208,19 @@ def exercised(h: History) -> CheckResult:
     return CheckResult("exercised", status, f.failures, f.notes, dict(f.stats))
 
 
+def config_block_size(config, default: int) -> int:
+    """The block size a configuration sets (a knob named like "block_size"), else the declared one:
+    `Capabilities.block_size` describes the default configuration, and a prompt that surely hits at
+    block size 16 may be shorter than one block of 32."""
+    for k, v in config.items():
+        if "block_size" in k.lower():
+            try:
+                return max(default, int(v))
+            except (TypeError, ValueError):
+                pass
+    return default
+
+
 def _positive_control(f: Findings, h: History) -> None:
     """A same-identity exact repeat of a long-enough prompt, in a later batch of the same cache epoch and
     configuration, with no eviction in between, must report a hit."""
@@ -222,9 +235,10 @@ def _positive_control(f: Findings, h: History) -> None:
                 seen, state = {}, (b.epoch, b.segment)
                 if evicted or _caching_disabled(b.config):
                     continue
+            bs = config_block_size(b.config, caps.block_size)
             for i, q, r in b.pairs():
                 key = (q.identity, q.prompt)
-                long_enough = len(q.prompt) > max(caps.min_hit_prompt, caps.block_size)
+                long_enough = len(q.prompt) > max(caps.min_hit_prompt, caps.block_size, bs)
                 if key in seen and long_enough and r.cached_tokens == 0:
                     f.stats["positive_control_misses"] += 1
                     f.fail(b.example, "exact repeat reported no cache hit",

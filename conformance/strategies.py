@@ -92,12 +92,50 @@ def stop_ids(caps: Capabilities) -> st.SearchStrategy[tuple[int, ...]]:
         lambda n: st.just(()) if n else st.lists(tokens(caps), min_size=1, max_size=2).map(tuple))
 
 
+def adapter_bindings(caps: Capabilities) -> list[tuple[str | None, str | None]]:
+    """(name, weights digest) pairs: `Capabilities.adapters` entries are names, or "name@digest" where an
+    engine can (re)load a name with several weights (an in-place reload: same name, new weights)."""
+    out: list[tuple[str | None, str | None]] = [(None, None)]
+    for entry in caps.adapters:
+        name, _, digest = entry.partition("@")
+        out.append((name, digest or None))
+    return out
+
+
 def all_identities(caps: Capabilities) -> list[Identity]:
-    """Every identity the engine can express, the default first (it is what shrinking goes to)."""
+    """Every identity the engine can express, the default first (it is what shrinking goes to).
+
+    One salt is crafted to equal an adapter name: extra keys that are concatenated instead of
+    domain-separated make adapter "X" and salt "X" collide (vLLM 44701, SGLang 24638)."""
     revisions = caps.revisions if "revision" in caps.identities else caps.revisions[:1]
-    adapters = (None, *caps.adapters) if "adapter" in caps.identities else (None,)
-    salts = (None, "tenant-a", "tenant-b") if "salt" in caps.identities else (None,)
-    return [Identity(revision=r, adapter=a, salt=s) for r in revisions for a in adapters for s in salts]
+    adapters = adapter_bindings(caps) if "adapter" in caps.identities else [(None, None)]
+    crafted = next((name for name, _ in adapters if name), "tenant-b")
+    salts = (None, "tenant-a", crafted) if "salt" in caps.identities else (None,)
+    return [Identity(revision=r, adapter=a, adapter_digest=d, salt=s)
+            for r in revisions for a, d in adapters for s in salts]
+
+
+def identity_distance(a: Identity, b: Identity) -> int:
+    """How many identity inputs differ; reloading an adapter (same name, other weights) counts as one."""
+    return (int(a.revision != b.revision) + int(a.adapter != b.adapter) + int(a.salt != b.salt)
+            + int(a.adapter == b.adapter and a.adapter_digest != b.adapter_digest))
+
+
+def one_binding_per_adapter(items: tuple) -> tuple:
+    """An adapter name is bound to one set of weights at a time: within a batch, every use of a name
+    takes the weights of its first use (a reload happens between batches)."""
+    from attrs import evolve
+
+    first: dict[str, str | None] = {}
+    out = []
+    for item in items:
+        i = item.identity
+        if i.adapter is not None:
+            digest = first.setdefault(i.adapter, i.adapter_digest)
+            if digest != i.adapter_digest:
+                item = evolve(item, identity=evolve(i, adapter_digest=digest))
+        out.append(item)
+    return tuple(out)
 
 
 def configs(caps: Capabilities) -> st.SearchStrategy[dict[str, Any]]:
@@ -108,7 +146,8 @@ def configs(caps: Capabilities) -> st.SearchStrategy[dict[str, Any]]:
 
 # Weighted by repetition: reuse (resend / continue / poison) is where the bugs are. "batch" comes first
 # because Hypothesis shrinks towards the first element.
-KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset")
+KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset",
+         "shift", "poison", "flood")
 
 
 @st.composite
@@ -144,11 +183,30 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
             items = (Continuation(f"r{next(ids)}", parent.id, extra, draw(max_tokens(caps)), draw(stop_ids(caps)),
                                   parent.identity, top),)
         elif kind == "poison" and requests_in_pool and len(identities) > 1:
+            # Half the time the nearest other identity (one input changed: a key that drops exactly
+            # that input collides), else any other one.
             victim = draw(st.sampled_from(requests_in_pool))
-            other = draw(st.sampled_from([i for i in identities if i != victim.identity]))
+            others = [i for i in identities if i != victim.identity]
+            near = [i for i in others if identity_distance(i, victim.identity) == 1]
+            other = draw(st.sampled_from(near) if near and draw(st.booleans()) else st.sampled_from(others))
             suffix = draw(st.integers(0, caps.block_size).flatmap(lambda n: token_lists(caps, n)))
             prompt = (victim.prompt + suffix)[:top]
             items = (Request(f"r{next(ids)}", prompt, victim.max_tokens, victim.stop_ids, other),)
+        elif kind == "shift" and any(len(p.prompt) > caps.block_size for p in requests_in_pool):
+            # An earlier prompt with its leading block(s) cut off: its later blocks now start the prompt,
+            # at other positions after another prefix. A block key that is not chained to its parent
+            # (position- and prefix-blind) serves the old KV.
+            victim = draw(st.sampled_from([p for p in requests_in_pool if len(p.prompt) > caps.block_size]))
+            cut = caps.block_size * draw(st.integers(1, (len(victim.prompt) - 1) // caps.block_size))
+            suffix = draw(st.integers(1, caps.block_size).flatmap(lambda n: token_lists(caps, n)))
+            items = (Request(f"r{next(ids)}", (victim.prompt[cut:] + suffix)[:top], victim.max_tokens,
+                             victim.stop_ids, victim.identity),)
+        elif kind == "flood":
+            # Memory pressure: a full batch of long, unrelated prompts, so a small pool must evict (and
+            # preempt) — eviction and reuse of evicted blocks are where refcount bugs show (BUG_CLASSES D).
+            n = draw(st.integers(max(1, top // 2), top))
+            items = tuple(Request(f"r{next(ids)}", draw(token_lists(caps, n)), draw(max_tokens(caps)), (),
+                                  draw(ident)) for _ in range(max_batch))
         elif kind == "configure" and caps.config_space:
             steps.append(Configure(draw(configs(caps))))
             continue
@@ -157,6 +215,7 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
             continue
         else:
             items = tuple(fresh_request() for _ in range(draw(st.integers(1, max_batch))))
+        items = one_binding_per_adapter(items)
         steps.append(Batch(items))
         pool.extend(items)
     return tuple(steps)
