@@ -472,6 +472,10 @@ class OpenAIHttpAdapter:
             raise EngineError(f"request {q.id}: cached_tokens is {cached!r}, not an integer")
         if isinstance(usage.get("prompt_tokens"), int):
             extra["server_prompt_tokens"] = usage["prompt_tokens"]
+        if self.budget is not None:  # certain lower bound: more uncached tokens than one step's budget
+            uncached = len(q.prompt) - (cached or 0)
+            extra["prefill_chunks"] = max(1, -(-uncached // self.budget))
+            extra["chunked"] = uncached > self.budget
         return Result(q.id, output, reason, cached_tokens=cached if self.reports_cached else None,
                       top2=self._top2(lp) if self.want_logprobs else None, timings={"http_s": wall}, extra=extra)
 

@@ -147,10 +147,17 @@ def probe_tolerance(n: int = 60, max_tokens: int = 32) -> bool:
     return report("tolerance", kinds["diverge"] == 0, **figures)
 
 
+def have_lora() -> bool:
+    from reference_engine import checkpoints
+
+    return (checkpoints.adapter_dir("upper") / "adapter_model.safetensors").exists()
+
+
 def probe_salt() -> bool:
     """Warm a prompt under salt A; then same tokens under salt B, no salt, and (if LoRA works) salt 'upper' vs
     LoRA 'upper' (domain separation of extra keys, vLLM 44701). Cross-identity cached tokens must be 0."""
-    llm = make_llm(enable_lora=True, max_lora_rank=8, max_loras=2)
+    lora = have_lora()
+    llm = make_llm(enable_lora=True, max_lora_rank=8, max_loras=2) if lora else make_llm()
     base = Baselines()
     p = prompts(1, seed=7, lo=100, hi=100)[0]
     rows = {}
@@ -160,7 +167,7 @@ def probe_salt() -> bool:
         if salt:
             item["cache_salt"] = salt
         o = gen(llm, [item], 16, lora=lora)[0]
-        rows[label] = {"cached": o.num_cached_tokens, "output": list(o.outputs[0].token_ids)}
+        rows[label] = {"cached": o.num_cached_tokens, "output": list(o.outputs[0].token_ids), "lora": lora is not None}
         return rows[label]
 
     run("warm salt=A", salt="A")
@@ -169,14 +176,15 @@ def probe_salt() -> bool:
     run("no salt", salt=None)
     run("no salt again", salt=None)
     run("salt=upper (no LoRA)", salt="upper")
-    run("LoRA upper (no salt)", lora=lora_req("upper"))
-    run("LoRA upper + salt=upper", salt="upper", lora=lora_req("upper"))
+    if lora:
+        run("LoRA upper (no salt)", lora=lora_req("upper"))
+        run("LoRA upper + salt=upper", salt="upper", lora=lora_req("upper"))
     leaks = [k for k in ("salt=B", "no salt", "salt=upper (no LoRA)", "LoRA upper (no salt)", "LoRA upper + salt=upper")
-             if rows[k]["cached"]]
+             if k in rows and rows[k]["cached"]]
     positive = rows["salt=A again"]["cached"] > 0 and rows["no salt again"]["cached"] > 0
     exp_base = list(base(p, 16).output)
-    exp_upper = list(base(p, 16, adapter="upper").output)
-    wrong = [k for k, v in rows.items() if v["output"] != (exp_upper if "LoRA" in k else exp_base)]
+    exp_upper = list(base(p, 16, adapter="upper").output) if lora else None
+    wrong = [k for k, v in rows.items() if v["output"] != (exp_upper if v["lora"] else exp_base)]
     for k, v in rows.items():
         print(f"{k:28s} cached={v['cached']:4d} output==baseline: {k not in wrong}")
     return report("salt", not leaks and not wrong, prompt_len=len(p), cross_identity_hits=leaks,
