@@ -308,9 +308,13 @@ def speculation_demo(size: dict) -> dict[str, Any] | None:
     prompt, g, p_ng, p_dr, tried = found
     rows = {}
     for name, drafter in (("plain", "none"), ("n-gram k=5", "ngram"), ("draft model k=5", "draft")):
-        driver = Driver(reference_engine(drafter, 5, prefix_cache=False))
-        [res] = driver.run(lambda step, done: [Req("demo", prompt, 4)] if step == 0 else [])
-        rows[name] = res
+        runs = []
+        for _ in range(7):  # wall time on a shared CPU is noisy: keep the run with the median decode time
+            driver = Driver(reference_engine(drafter, 5, prefix_cache=False))
+            [res] = driver.run(lambda step, done: [Req("demo", prompt, 4)] if step == 0 else [])
+            runs.append(res)
+        runs.sort(key=lambda r: r.timings.get("tpot_s", 0.0))
+        rows[name] = runs[len(runs) // 2]
     return {"found": True, "tried": tried, "prompt_len": len(prompt), "output": list(g), "ngram": p_ng,
             "draft": p_dr, "results": rows}
 

@@ -223,7 +223,7 @@ def demo_section(data: dict, out: Path, blocks: list[Block]) -> None:
                         f"propose 5 tokens of which exactly the first 2 are the target's: a {demo['prompt_len']}-token "
                         f"prompt; target output {demo['output']}, n-gram proposed {demo['ngram']}, draft proposed "
                         f"{demo['draft']}. Each configuration runs it with max_tokens 4 (1 token from prefill + 3 "
-                        f"decode tokens); the decode phase is priced from what the engine did."))
+                        f"decode tokens); the decode phase is priced from what the engine did (wall: median of 7 runs)."))
     rows, bars = [], []
     for name, r in demo["results"].items():
         m = model if "draft" in name else model.with_draft(0.0)
