@@ -285,8 +285,11 @@ class Engine:
     def _computed(self, seq: Sequence, start: int, keep: int, written_end: int) -> None:
         """KV for [start, written_end) was written; [start, keep) of it is committed."""
         bs = self.pool.block_size
-        for p in range(start, min(keep, len(seq.block_table) * bs)):
-            self.pool.blocks[seq.block_table[p // bs]].rejected_slots.discard(p % bs)
+        end = min(keep, len(seq.block_table) * bs)
+        for i in range(start // bs, self.pool.blocks_for(end)):  # committed KV overwrote these slots
+            block = self.pool.blocks[seq.block_table[i]]
+            if block.rejected_slots:
+                block.rejected_slots.difference_update(range(max(start, i * bs) - i * bs, min(end, (i + 1) * bs) - i * bs))
         self.rollback(seq, keep, written_end)
         if self.cache is not None:
             self.cache.register(seq, self.registry.cache_identity(seq.identity))

@@ -151,9 +151,9 @@ def rope_angles(positions: torch.Tensor, head_dim: int, theta: float,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, 1, D] of rotate-half RoPE (the HF Llama convention) at `positions`. Computed once
     per forward and shared by every layer's q and k."""
-    angles = positions.to(torch.float64)[:, None] * _inv_freq(head_dim, theta)[None, :]
-    angles = torch.cat([angles, angles], dim=-1).to(dtype)[:, None, :]
-    return angles.cos(), angles.sin()
+    angles = positions.to(torch.float64)[:, None] * _inv_freq(head_dim, theta)[None, :]  # [T, D/2]
+    cos, sin = angles.cos(), angles.sin()  # each frequency once; rotate-half uses it twice
+    return torch.cat([cos, cos], dim=-1).to(dtype)[:, None, :], torch.cat([sin, sin], dim=-1).to(dtype)[:, None, :]
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -177,8 +177,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(t, c.num_attention_heads, c.head_dim)
         k = self.k_proj(x).view(t, c.num_key_value_heads, c.head_dim)
         v = self.v_proj(x).view(t, c.num_key_value_heads, c.head_dim)
-        qk = rope(torch.cat([q, k], dim=1), cos, sin)  # one rotation for both: fewer small ops
-        return qk[:, :c.num_attention_heads], qk[:, c.num_attention_heads:], v
+        return rope(q, cos, sin), rope(k, cos, sin), v
 
 
 class MLP(nn.Module):
