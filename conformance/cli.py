@@ -42,7 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--checks", default="")
 
     sub.add_parser("engines", help="list the registered engine adapters")
+    for name, target in plugin_commands().items():
+        sub.add_parser(name, help=f"plugin command ({target}); see `kvparity {name} --help`", add_help=False)
     return p
+
+
+def plugin_commands() -> dict[str, str]:
+    """Subcommands contributed through the entry-point group `kvparity.commands` (bench, fault-zoo,
+    export-gguf live beside the engines they drive, so conformance never imports an engine)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group="kvparity.commands")}
+
+
+def run_plugin_command(name: str, argv: Sequence[str]) -> int:
+    from importlib.metadata import entry_points
+
+    (ep,) = [ep for ep in entry_points(group="kvparity.commands") if ep.name == name]
+    return int(ep.load()(list(argv)) or 0)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -147,6 +164,9 @@ def cmd_engines(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in plugin_commands():
+        return run_plugin_command(argv[0], argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
