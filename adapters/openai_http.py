@@ -171,6 +171,8 @@ class OpenAIHttpAdapter:
         self.tolerance = _num("tolerance", tolerance)
         self.want_logprobs = _bool("logprobs", logprobs)
         self.lora = _bool("lora", lora) and serve == "vllm"
+        self.loras = tuple(a for a in LORAS if (checkpoints.adapter_dir(a) / "adapter_model.safetensors").exists())
+        self.lora = self.lora and bool(self.loras)
         self.spec, self.k = spec, int(_num("k", k, int, 1))
         self.budget = None if str(max_num_batched_tokens).lower() in ("none", "") else int(
             _num("max_num_batched_tokens", max_num_batched_tokens, int, 32))
@@ -189,7 +191,7 @@ class OpenAIHttpAdapter:
             self.model = model or ("kvparity" if serve else self._first_model())
             self.salt = (serve == "vllm") if str(salt).lower() == "auto" else _bool("salt", salt)
             if str(adapters).lower() == "auto":
-                self.adapters = LORAS if self.lora else ()
+                self.adapters = self.loras if self.lora else ()
             else:
                 self.adapters = tuple(a.strip() for a in adapters.split(",") if a.strip())
             self.reset_mode = self._choose_reset(reset)
@@ -212,7 +214,7 @@ class OpenAIHttpAdapter:
                    "--max-logprobs", "2", "--seed", "0", "--disable-uvicorn-access-log"]
             if self.lora:
                 cmd += ["--enable-lora", "--max-lora-rank", "8", "--max-loras", str(len(LORAS)), "--lora-modules",
-                        *[f"{a}={self._ckpt.adapter_dir(a)}" for a in LORAS]]
+                        *[f"{a}={self._ckpt.adapter_dir(a)}" for a in self.loras]]
             if self.budget is not None:
                 cmd += ["--max-num-batched-tokens", str(self.budget), "--enable-chunked-prefill"]
             if self.spec == "ngram":

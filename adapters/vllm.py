@@ -164,6 +164,11 @@ class VllmAdapter:
                          "prefix_caching": _bool("prefix_caching", prefix_caching)}
         self._check_config(self.defaults)
         self.lora = _bool("lora", lora)
+        # only adapters whose weights are actually shipped (trained) are claimed
+        self.adapter_names = tuple(a for a in sorted(LORA_IDS)
+                                   if (checkpoints.adapter_dir(a) / "adapter_model.safetensors").exists())
+        if not self.adapter_names:
+            self.lora = False
         self.revisions = tuple(_list(revisions)) or ("a",)
         for r in self.revisions:
             if r not in checkpoints.REVISIONS:
@@ -217,7 +222,7 @@ class VllmAdapter:
             chunked_prefill=c["max_num_batched_tokens"] is not None, evicts=False,
             top2_logits=self.want_logprobs, identities=self.identities,
             revisions=self.revisions if "revision" in self.identities else self.revisions[:1],
-            adapters=tuple(sorted(LORA_IDS)) if "adapter" in self.identities else (),
+            adapters=self.adapter_names if "adapter" in self.identities else (),
             introspection=False, baseline_mode=False, tolerance=self.tolerance, config_space=space,
             min_hit_prompt=self.block_size + 1)
 
@@ -290,7 +295,7 @@ class VllmAdapter:
         if ident.revision not in self.revisions:
             raise UsageError(f"revision {ident.revision!r} not served (revisions={','.join(self.revisions)})")
         if ident.adapter is not None:
-            if not self.lora or ident.adapter not in LORA_IDS:
+            if not self.lora or ident.adapter not in self.adapter_names:
                 raise UsageError(f"adapter {ident.adapter!r} not available (lora={self.lora})")
             if ident.adapter_digest and not self._ckpt.adapter_digest(ident.adapter).startswith(ident.adapter_digest):
                 raise UsageError(f"adapter {ident.adapter!r}@{ident.adapter_digest[:8]}: only the shipped weights "
