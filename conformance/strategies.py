@@ -121,6 +121,19 @@ def identity_distance(a: Identity, b: Identity) -> int:
             + int(a.adapter == b.adapter and a.adapter_digest != b.adapter_digest))
 
 
+def nearest_by_input(victim: Identity, others: list[Identity]) -> dict[str, list[Identity]]:
+    """Identities one input away from `victim`, grouped by the input that differs, so a poisoning step
+    picks the input first (each equally likely) and a key that drops any one input is found fast."""
+    out: dict[str, list[Identity]] = {}
+    for i in others:
+        if identity_distance(i, victim) != 1:
+            continue
+        which = ("revision" if i.revision != victim.revision else "salt" if i.salt != victim.salt
+                 else "reload" if i.adapter == victim.adapter else "adapter")
+        out.setdefault(which, []).append(i)
+    return out
+
+
 def one_binding_per_adapter(items: tuple) -> tuple:
     """An adapter name is bound to one set of weights at a time: within a batch, every use of a name
     takes the weights of its first use (a reload happens between batches)."""
@@ -187,8 +200,11 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
             # that input collides), else any other one.
             victim = draw(st.sampled_from(requests_in_pool))
             others = [i for i in identities if i != victim.identity]
-            near = [i for i in others if identity_distance(i, victim.identity) == 1]
-            other = draw(st.sampled_from(near) if near and draw(st.booleans()) else st.sampled_from(others))
+            near = nearest_by_input(victim.identity, others)
+            if near and draw(st.booleans()):
+                other = draw(st.sampled_from(sorted(near)).flatmap(lambda k: st.sampled_from(near[k])))
+            else:
+                other = draw(st.sampled_from(others))
             suffix = draw(st.integers(0, caps.block_size).flatmap(lambda n: token_lists(caps, n)))
             prompt = (victim.prompt + suffix)[:top]
             items = (Request(f"r{next(ids)}", prompt, victim.max_tokens, victim.stop_ids, other),)
