@@ -191,8 +191,8 @@ class PagedKV:
             row += seg.n
         self.num_rows = row
         width = max(pool.blocks_for(seg.start + seg.n) for seg in segments)
-        tables = torch.tensor([list(seg.block_table[:width]) + [0] * (width - len(seg.block_table[:width]))
-                               for seg in segments], dtype=torch.long)
+        padded = [bid for seg in segments for bid in (list(seg.block_table[:width]) + [0] * width)[:width]]
+        tables = torch.tensor(padded, dtype=torch.long).view(len(segments), width)
         # slot_of[i, p]: the slot holding position p of segment i's sequence (p < width * bs).
         self.slot_of = (tables[:, :, None] * bs + torch.arange(bs)).reshape(len(segments), width * bs)
         flat = [i * width * bs + p for i, seg in enumerate(segments) for p in range(seg.start, seg.start + seg.n)]
@@ -206,11 +206,13 @@ class PagedKV:
         segs = [self.segments[i] for i in members]
         tq, lk = max(s.n for s in segs), max(s.start + s.n for s in segs)
         last = [[min(t, s.n - 1) for t in range(tq)] for s in segs]  # padded query -> real query
-        q_pos = torch.tensor([[s.start + t for t in ts] for s, ts in zip(segs, last)], dtype=torch.long)
-        mask = (torch.arange(lk) <= q_pos[:, :, None])[:, None]
-        if all(s.start + s.n == lk for s in segs) and tq == 1:
-            mask = None  # decodes of equal lengths: every key is visible
-        keys = self.slot_of[torch.tensor(members, dtype=torch.long), :lk].contiguous()
+        mask = None  # decodes of equal lengths: every key is visible
+        if tq > 1 or any(s.start + s.n != lk for s in segs):
+            q_pos = torch.tensor([s.start + t for s, ts in zip(segs, last) for t in ts], dtype=torch.long)
+            mask = (torch.arange(lk) <= q_pos.view(len(segs), tq, 1))[:, None]
+        everyone = len(members) == len(self.segments)  # members are in order: no row selection needed
+        keys = (self.slot_of if everyone else self.slot_of[torch.tensor(members, dtype=torch.long)])[:, :lk]
+        keys = keys.contiguous()
         rows = [self.first_row[i] + t for i, s in zip(members, segs) for t in range(s.n)]
         if len(rows) == len(segs) * tq and rows == list(range(self.num_rows)):
             return AttentionBatch(None, keys, mask, None, None, (len(segs), tq))
