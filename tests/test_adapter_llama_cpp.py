@@ -98,19 +98,28 @@ def _plain_greedy(llm, prompt, n):
     return out, logits
 
 
+IDENTITIES = [("a", None), ("b", None), ("a", "upper"), ("a", "rot13")]
+
+
 @needs_llama
-@pytest.mark.parametrize("revision", sorted(checkpoints.REVISIONS))
-def test_gguf_greedy_equals_reference_baseline(revision, gguf_dir):
-    """llama.cpp on the exported GGUF decodes like the float64 reference, up to near-ties below tau;
-    the logit error it makes is well below tau (the justification of TOLERANCE)."""
+@pytest.mark.parametrize("revision,lora", IDENTITIES, ids=["rev-a", "rev-b", "lora-upper", "lora-rot13"])
+def test_gguf_greedy_equals_reference_baseline(revision, lora, gguf_dir):
+    """llama.cpp on the exported GGUF (and GGUF LoRA) decodes like the float64 reference (LoRA merged),
+    up to near-ties below tau; the logit error it makes is well below tau (the justification of TOLERANCE)."""
     import torch
 
     from adapters.gguf_export import export_gguf
     from adapters.llama_cpp import TOLERANCE
     from reference_engine.model import DenseKV
 
-    llm = _llama(export_gguf(checkpoints.REVISIONS[revision], gguf_dir))
-    model = checkpoints.load_target(revision)
+    kw = {}
+    if lora is not None:
+        if not (checkpoints.CHECKPOINTS / checkpoints.ADAPTERS[lora]).is_dir():
+            pytest.skip(f"{checkpoints.ADAPTERS[lora]} not present")
+        kw["lora_path"] = str(export_gguf(checkpoints.ADAPTERS[lora], gguf_dir))
+    llm = _llama(export_gguf(checkpoints.REVISIONS[revision], gguf_dir), **kw)
+    model = checkpoints.load_target(revision, lora)
+    revision = f"{revision}{'+' + lora if lora else ''}"
     batch = prompts(N_PROMPTS)
     worst, near_ties, diverged = 0.0, 0, []
     for i, p in enumerate(batch):
