@@ -10,7 +10,10 @@ in float32 that moves logits by ~1e-6 relative and would flip a genuine near-tie
 "numerics" class in BUG_CLASSES B). In float64 the same reordering moves logits by ~1e-15 relative —
 orders of magnitude below the smallest top-1/top-2 margin the tests ever observe (see
 tests/test_engine_exactness.py, which asserts the smallest margin it saw) — so the reference engine can
-declare tolerance 0 and treat *any* divergence as a bug.
+declare tolerance 0 and treat *any* divergence as a bug. The speed-ups keep to that rule: attention
+over padded batches (block_pool.PagedKV) masks padded keys (exactly zero weight) and drops padded
+queries, and computing logits only at the sampled rows (`Llama.forward(logits_rows=)`) changes which
+rows are projected, not what any row is — both are regroupings of the same float64 arithmetic.
 
 A step (`step`):
   1. the scheduler plans: which sequences, how many tokens each, blocks reserved;
