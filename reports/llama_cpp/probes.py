@@ -16,6 +16,12 @@
       in Llama.eval (the scores buffer is sized from the constructor's logits_all=False, n_batch rows,
       although draft_model forces logits for every token); (F3) logits_all=True, n_batch 8 < k + 1 ->
       GGML_ASSERT(logits != nullptr) in llama-sampler.cpp and SIGABRT. Controls with n_batch 512.
+  python reports/llama_cpp/probes.py server-text-parity [--n 50]
+      llama_cpp.server through adapters/openai_http.py (serve=llama_cpp, text prompts): held-out prompts,
+      16 tokens each, compared with the reference baseline of the tokens the server actually receives
+      (encode(decode(prompt)) with the shipped tokenizer; llama.cpp's tokenizer on our GGUF equals it),
+      once as a plain OpenAI request and once adding llama-cpp-python's `repeat_penalty: 1.0` (F5).
+      Also counts prompts whose token ids do not survive decode -> encode (text is not token-exact).
   python reports/llama_cpp/probes.py f16-kv [--n 50]
       Greedy divergences of llama.cpp with f16 KV (type_k=type_v=1) vs the float64 reference, with the
       baseline margin at each divergence (f32 KV for comparison).
@@ -198,9 +204,39 @@ def spec_crash() -> dict:
     return {"probe": "spec-crash", "cases": out}
 
 
+def server_text_parity(n: int) -> dict:
+    from adapters.openai_http import OpenAIHttpAdapter
+    from conformance.contract import Request
+    from conformance.oracle import compare
+
+    tok = checkpoints.load_tokenizer()
+    engine = OpenAIHttpAdapter(serve="llama_cpp", gguf=str(export_gguf(checkpoints.REVISIONS["a"])),
+                               prompt_mode="text")
+    try:
+        batch = prompts(n)
+        stable = [p for p in batch if tok.encode(tok.decode(p)).ids == list(p)]
+        reqs = [Request(f"t{i}", tok.encode(tok.decode(p)).ids, 16) for i, p in enumerate(batch)]
+        tau = engine.capabilities().tolerance
+        out = {"probe": "server-text-parity", "engine": engine.capabilities().version, "prompts": n,
+               "prompts_token_exact_after_text_roundtrip": len(stable)}
+        plain_body = engine._body
+        # pass 1: what any OpenAI client sends (temperature 0); pass 2: plus llama-cpp-python's own
+        # `repeat_penalty: 1.0` - its server defaults repeat_penalty to 1.1 and applies it at temperature 0.
+        for label, extra in (("openai_body", {}), ("with_repeat_penalty_1", {"repeat_penalty": 1.0})):
+            engine._body = lambda *a, _x=extra: {**plain_body(*a), **_x}
+            results = [engine.run([q])[0] for q in reqs]
+            kinds = [compare(engine.baseline(q), r.output, r.finish_reason, tau).kind for q, r in zip(reqs, results)]
+            out[label] = {"equal": kinds.count("equal"), "near_tie": kinds.count("near_tie"),
+                          "diverge": kinds.count("diverge"), "finish_differs": kinds.count("finish")}
+        out["cached_tokens_reported"] = any(r.cached_tokens is not None for r in results)
+        return out
+    finally:
+        engine.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("probe", choices=["cache-cross-revision", "server-disk-cache", "spec-crash", "f16-kv"])
+    ap.add_argument("probe", choices=["cache-cross-revision", "server-disk-cache", "spec-crash", "server-text-parity", "f16-kv"])
     ap.add_argument("--disk", action="store_true")
     ap.add_argument("--n", type=int, default=None)
     a = ap.parse_args()
@@ -208,6 +244,8 @@ def main() -> int:
         out = cache_cross_revision(a.n or 50, a.disk)
     elif a.probe == "server-disk-cache":
         out = server_disk_cache(a.n or 10)
+    elif a.probe == "server-text-parity":
+        out = server_text_parity(a.n or 50)
     elif a.probe == "spec-crash":
         out = spec_crash()
     else:
