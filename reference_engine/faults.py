@@ -160,7 +160,7 @@ def _uncapped(engine, cache, original):
 @fault("incomplete_block_cached", "B", "cache", "is_cacheable",
        "a block is cached once its tokens exist, before all their KV is written",
        "BUG_CLASSES B 'partial block reused' (hit on a block whose tail KV was never computed)",
-       ("parity", "history_independence", "schedule_independence"))
+       ("parity", "history_independence", "schedule_independence", "rollback_hygiene"))
 def _incomplete(engine, cache, original):
     def is_cacheable(seq, index):
         return (index + 1) * cache.block_size <= len(seq.tokens)
