@@ -115,8 +115,13 @@ class FakeDictEngine:
         out, reason, margins, runners = self._generate(q, owner if cached else q.identity.adapter)
         if self.bug == "wrong_after_hit" and cached:
             out[0] = 4 + (out[0] + 7) % 60
-        if self.bug == "near_tie" and cached and margins[0] < 1.0:
-            out[0] = runners[0]
+        if self.bug == "near_tie":
+            # Numerics noise, not a reuse bug: on ANY request (cached or not), the first position whose
+            # margin is small comes out as the runner-up. Firing on every request keeps the near-tie
+            # test independent of what a seed happens to generate (cache hits or not).
+            tie = next((i for i, m in enumerate(margins) if m < 1.0), None)
+            if tie is not None:
+                out[tie] = runners[tie]  # never EOS; what follows is past the divergence, not compared
         k = int(self.config.get("spec_k", 0))
         proposed = accepted = None
         if k:

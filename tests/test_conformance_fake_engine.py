@@ -14,9 +14,9 @@ from conformance.stateful import session_machine
 from fake_engine import FakeDictEngine
 
 
-def run(tmp_path, bug="none", shrink=False, max_examples=40, checks=None, **kw):
+def run(tmp_path, bug="none", shrink=False, max_examples=40, checks=None, seed=7, **kw):
     engine = FakeDictEngine(bug=bug, **kw)
-    return run_suite(engine, engine_name=f"fake-{bug}", profile="dev", report_dir=tmp_path / "reports", seed=7,
+    return run_suite(engine, engine_name=f"fake-{bug}", profile="dev", report_dir=tmp_path / "reports", seed=seed,
                      max_examples=max_examples, database_dir=tmp_path / "db", shrink=shrink, timeout_s=2,
                      checks=checks)
 
@@ -51,10 +51,13 @@ def test_injected_bug_is_caught_by_its_check(tmp_path, bug, check):
     assert outcome.exit_code == 1
 
 
-def test_near_ties_are_counted_not_failed_under_tolerance(tmp_path):
-    lenient = run(tmp_path, "near_tie", tolerance="5")
+@pytest.mark.parametrize("seed", [7, 1, 2024])
+def test_near_ties_are_counted_not_failed_under_tolerance(tmp_path, seed):
+    # The fake's near-tie fires on any request with a small margin (not only on cache hits), so this
+    # holds for whatever scenarios a seed generates; several seeds prove it does not hang on one.
+    lenient = run(tmp_path, "near_tie", tolerance="5", seed=seed, max_examples=20)
     assert lenient.analysis.checks["parity"].status == "pass" and lenient.analysis.near_ties > 0
-    strict = run(tmp_path, "near_tie", tolerance="0")
+    strict = run(tmp_path, "near_tie", tolerance="0", seed=seed, max_examples=20)
     assert strict.analysis.checks["parity"].status == "fail"
 
 
