@@ -14,6 +14,7 @@ Engine arguments (strings, as `--engine-arg k=v` gives them):
                              max_num_batched_tokens, prefix_caching. Every distinct point is its own
                              `LLM` instance (~20-60 s to start on 2 CPU cores); up to `max_live` are kept.
   max_live=4                 live `LLM` instances kept (LRU)
+  max_num_seqs=8             vLLM rejects LoRA + speculation unless max_num_batched_tokens >= max_num_seqs*(k+1)
   dtype=float32, kv_space_gb=1, seed=0, tolerance=<measured default>, logprobs=true
 
 What vLLM reports and how it maps onto the contract:
@@ -151,7 +152,7 @@ class VllmAdapter:
                  revisions: str = "a,b", identities: str = "salt,adapter,revision", vary: str = "",
                  max_live: str | int = 4, dtype: str = "float32", kv_space_gb: str | int = 1,
                  seed: str | int = 0, tolerance: str | float = DEFAULT_TOLERANCE, logprobs: str = "true",
-                 model_dir: str = "") -> None:
+                 model_dir: str = "", max_num_seqs: str | int = 8) -> None:
         from reference_engine import checkpoints
 
         self._ckpt = checkpoints
@@ -196,6 +197,9 @@ class VllmAdapter:
             raise UsageError(f"tolerance={tolerance!r} is not a number") from None
         self.want_logprobs = _bool("logprobs", logprobs)
         self.model_dir = model_dir
+        # kvparity batches hold <= 4 requests; a small max_num_seqs also satisfies vLLM's LoRA + speculation
+        # rule max_num_batched_tokens >= max_num_seqs * (k + 1) at a 64-token budget.
+        self.max_num_seqs = _int("max_num_seqs", max_num_seqs)
         prepare_environment(self.kv_space_gb)
         try:
             import vllm
@@ -320,7 +324,7 @@ class VllmAdapter:
         kwargs: dict[str, Any] = dict(
             model=folder, tokenizer=folder, dtype=self.dtype, enforce_eager=True, block_size=self.block_size,
             enable_prefix_caching=bool(c["prefix_caching"]), max_model_len=MAX_CONTEXT, seed=self.seed,
-            disable_log_stats=False, max_logprobs=2)
+            disable_log_stats=False, max_logprobs=2, max_num_seqs=self.max_num_seqs)
         if c["max_num_batched_tokens"] is not None:
             kwargs["max_num_batched_tokens"] = c["max_num_batched_tokens"]
             kwargs["enable_chunked_prefill"] = True

@@ -4,6 +4,8 @@
   python -m adapters.vllm_probes salt                 does cache_salt isolate? (and salt "upper" vs LoRA "upper")
   python -m adapters.vllm_probes lora                 does a LoRA request reuse base-model prefix blocks?
   python -m adapters.vllm_probes lora-reload          in-place adapter reload (same name and path, new weights)
+  python -m adapters.vllm_probes lora-pair            the minimal case: one base + one LoRA request in a batch
+  python -m adapters.vllm_probes lora-batch           base + LoRA requests in one batch, with/without chunking
   python -m adapters.vllm_probes features [--n 40]    parity under prefix caching / chunked prefill / ngram / draft
   python -m adapters.vllm_probes all
 
@@ -307,7 +309,94 @@ def probe_features(n: int = 40, max_tokens: int = 24) -> bool:
     return report("features", ok, prompts=n, max_tokens=max_tokens, tau=TAU, summary=summary)
 
 
+def probe_lora_batch(n: int = 12) -> bool:
+    """Base-model and LoRA requests in one batch: is every request decoded with its own weights? Runs the
+    same mixed batches with the whole batch fitting one step (budget 4096) and with chunked prefill
+    (budget 64, so the scheduler mixes prefill chunks and decodes of different adapters in one step)."""
+    base = Baselines()
+    rng = random.Random(5)
+    batches = []
+    for i in range(n):
+        items = [(tuple([4]), None, 1), (tuple(rng.randint(4, 51) for _ in range(97)), "rot13", 16),
+                 (tuple(rng.randint(4, 51) for _ in range(rng.choice((33, 64, 128)))), "upper", 8),
+                 (tuple(rng.randint(4, 51) for _ in range(rng.randint(1, 40))), None, 8)]
+        rng.shuffle(items)
+        batches.append(items)
+    summary, ok = {}, True
+    for name, kw in (("budget_64", {"max_num_batched_tokens": 64, "enable_chunked_prefill": True}),
+                     ("budget_default", {})):
+        llm = make_llm(enable_lora=True, max_lora_rank=8, max_loras=2, max_num_seqs=8, **kw)
+        counts = {"equal": 0, "near_tie": 0, "diverge": 0}
+        bad = []
+        for items in batches:
+            from vllm import SamplingParams
+            sps = [SamplingParams(temperature=0.0, max_tokens=m, detokenize=False) for _, _, m in items]
+            outs = llm.generate([{"prompt_token_ids": list(p)} for p, _, _ in items], sps, use_tqdm=False,
+                                lora_request=[lora_req(a) if a else None for _, a, _ in items])
+            for (p, a, m), o in zip(items, outs):
+                got = list(o.outputs[0].token_ids)
+                kind, pos, margin = compare(base(list(p), m, adapter=a), got)
+                counts[kind] += 1
+                if kind == "diverge":
+                    other = {x: list(base(list(p), m, adapter=x).output) for x in (None, "upper", "rot13") if x != a}
+                    bad.append({"adapter": a, "prompt_len": len(p), "position": pos, "margin": margin, "got": got,
+                                "expected": list(base(list(p), m, adapter=a).output),
+                                "got_equals_adapter": [str(x) for x, v in other.items() if v == got]})
+        by_adapter = {}
+        for b in bad:
+            by_adapter[str(b["adapter"])] = by_adapter.get(str(b["adapter"]), 0) + 1
+        summary[name] = {"results": counts, "divergences": bad[:6], "divergent": len(bad),
+                         "divergent_by_adapter": by_adapter}
+        print(name, json.dumps({"results": counts, "divergent_by_adapter": summary[name]["divergent_by_adapter"]}),
+              flush=True)
+        for b in bad[:6]:
+            print("   ", b)
+        ok = ok and not bad
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+    return report("lora-batch", ok, batches=n, summary=summary)
+
+
+def probe_lora_pair() -> bool:
+    """The minimal cases: single batches, no chunking, no prefix caching, mixing the base model (1-token
+    prompt [4], max_tokens 1; plain decoding gives 32, margin 0.92; under upper 201, under rot13 4) with
+    LoRA requests on 97/33-token prompts. Each variant is one `generate` call; the base request's answer
+    and whether each LoRA request matched its own plain decoding are printed."""
+    from vllm import SamplingParams
+
+    base = Baselines()
+    rng = random.Random(5)
+    long = [rng.randint(4, 51) for _ in range(97)]
+    mid = [rng.randint(4, 51) for _ in range(33)]
+    llm = make_llm(enable_lora=True, max_lora_rank=8, max_loras=2, max_num_seqs=8, enable_prefix_caching=False)
+    variants = {
+        "base alone": [("base", [4], None, 1)],
+        "base + rot13": [("base", [4], None, 1), ("rot13", long, "rot13", 16)],
+        "base + upper": [("base", [4], None, 1), ("upper", mid, "upper", 8)],
+        "base + rot13 + upper": [("base", [4], None, 1), ("rot13", long, "rot13", 16), ("upper", mid, "upper", 8)],
+        "rot13 + upper + base": [("rot13", long, "rot13", 16), ("upper", mid, "upper", 8), ("base", [4], None, 1)],
+        "base alone again": [("base", [4], None, 1)],
+    }
+    exp = {a: list(base([4], 1, adapter=a).output) for a in (None, "upper", "rot13")}
+    rows, ok = {}, True
+    for name, items in variants.items():
+        sps = [SamplingParams(temperature=0.0, max_tokens=m, detokenize=False) for _, _, _, m in items]
+        outs = llm.generate([{"prompt_token_ids": p} for _, p, _, _ in items], sps, use_tqdm=False,
+                            lora_request=[lora_req(a) if a else None for _, _, a, _ in items])
+        row = {}
+        for (label, p, a, m), o in zip(items, outs):
+            got = list(o.outputs[0].token_ids)
+            right = got == list(base(p, m, adapter=a).output)
+            row[label] = got if label == "base" else right
+            ok = ok and right
+        rows[name] = row
+        print(f"{name:24s} {row}", flush=True)
+    print(f"plain decoding of [4]: base {exp[None]}, upper {exp['upper']}, rot13 {exp['rot13']}")
+    return report("lora-pair", ok, rows=rows, expected=exp[None], under_upper=exp["upper"], under_rot13=exp["rot13"])
+
+
 PROBES = {"tolerance": probe_tolerance, "salt": probe_salt, "lora": probe_lora, "lora-reload": probe_lora_reload,
+          "lora-batch": probe_lora_batch, "lora-pair": probe_lora_pair,
           "features": probe_features}
 
 
@@ -320,7 +409,7 @@ def main(argv=None) -> int:
     ok = True
     for name in names:
         fn = PROBES[name]
-        kwargs = {"n": args.n} if args.n and name in ("tolerance", "features") else {}
+        kwargs = {"n": args.n} if args.n and name in ("tolerance", "features", "lora-batch") else {}
         ok = fn(**kwargs) and ok
     return 0 if ok else 1
 
