@@ -40,7 +40,7 @@ KNOBS = ("block_size", "num_blocks", "prefix_cache", "drafter", "k", "chunk_size
 DEFAULTS = {"block_size": "16", "num_blocks": "256", "prefix_cache": "true", "drafter": "none", "k": "4",
             "chunk_size": "none", "token_budget": "4096", "max_batch": "64"}
 CONFIG_SPACE = {
-    "block_size": (4, 16, 32),
+    "block_size": (16, 4, 32),  # the first value is what shrinking goes to: the declared default
     "num_blocks": (256, 64),  # 64: small enough to evict (and preempt) at block size 4 and 16
     "drafter": ("none", "oracle", "adversarial", "draft", "ngram"),
     "k": (3, 1, 5),
