@@ -5,6 +5,7 @@
   python -m adapters.vllm_probes lora                 does a LoRA request reuse base-model prefix blocks?
   python -m adapters.vllm_probes lora-reload          in-place adapter reload (same name and path, new weights)
   python -m adapters.vllm_probes lora-pair            the minimal case: one base + one LoRA request in a batch
+  python -m adapters.vllm_probes lora-poison          ... and the wrong KV it writes is reused from the prefix cache
   python -m adapters.vllm_probes lora-batch           base + LoRA requests in one batch, with/without chunking
   python -m adapters.vllm_probes features [--n 40]    parity under prefix caching / chunked prefill / ngram / draft
   python -m adapters.vllm_probes all
@@ -376,6 +377,7 @@ def probe_lora_pair() -> bool:
         "base + rot13 + upper": [("base", [4], None, 1), ("rot13", long, "rot13", 16), ("upper", mid, "upper", 8)],
         "rot13 + upper + base": [("rot13", long, "rot13", 16), ("upper", mid, "upper", 8), ("base", [4], None, 1)],
         "base alone again": [("base", [4], None, 1)],
+        "base + rot13 (again)": [("base", [4], None, 1), ("rot13", long, "rot13", 16)],
     }
     exp = {a: list(base([4], 1, adapter=a).output) for a in (None, "upper", "rot13")}
     rows, ok = {}, True
@@ -395,8 +397,39 @@ def probe_lora_pair() -> bool:
     return report("lora-pair", ok, rows=rows, expected=exp[None], under_upper=exp["upper"], under_rot13=exp["rot13"])
 
 
+def probe_lora_poison() -> bool:
+    """Does the mis-applied adapter also poison the base model's prefix cache? A 70-token base prompt P is
+    prefilled in a batch with an upper and a rot13 request; then P is sent alone (it reuses the two
+    cached blocks), then alone again after reset_prefix_cache (fresh KV)."""
+    from vllm import SamplingParams
+
+    base = Baselines()
+    rng = random.Random(9)
+    P = [rng.randint(4, 51) for _ in range(70)]
+    long = [rng.randint(4, 51) for _ in range(97)]
+    mid = [rng.randint(4, 51) for _ in range(33)]
+    llm = make_llm(enable_lora=True, max_lora_rank=8, max_loras=2, max_num_seqs=8)
+    exp = list(base(P, 8).output)
+    sps = [SamplingParams(temperature=0.0, max_tokens=m, detokenize=False) for m in (8, 16, 8)]
+    outs = llm.generate([{"prompt_token_ids": P}, {"prompt_token_ids": long}, {"prompt_token_ids": mid}], sps,
+                        use_tqdm=False, lora_request=[None, lora_req("rot13"), lora_req("upper")])
+    mixed = list(outs[0].outputs[0].token_ids)
+    warm = gen(llm, [{"prompt_token_ids": P}], 8)[0]
+    llm.reset_prefix_cache()
+    cold = gen(llm, [{"prompt_token_ids": P}], 8)[0]
+    rows = {"P in mixed batch": {"output": mixed, "cached": outs[0].num_cached_tokens},
+            "P alone, warm cache": {"output": list(warm.outputs[0].token_ids), "cached": warm.num_cached_tokens},
+            "P alone after reset": {"output": list(cold.outputs[0].token_ids), "cached": cold.num_cached_tokens}}
+    for k, v in rows.items():
+        print(f"{k:22s} cached={v['cached']:3d} output={v['output']} == plain decoding: {v['output'] == exp}")
+    print(f"plain decoding of P (base): {exp}")
+    ok = all(v["output"] == exp for v in rows.values())
+    return report("lora-poison", ok, rows=rows, expected=exp,
+                  poisoned_cache=rows["P alone, warm cache"]["output"] != exp and rows["P alone after reset"]["output"] == exp)
+
+
 PROBES = {"tolerance": probe_tolerance, "salt": probe_salt, "lora": probe_lora, "lora-reload": probe_lora_reload,
-          "lora-batch": probe_lora_batch, "lora-pair": probe_lora_pair,
+          "lora-batch": probe_lora_batch, "lora-pair": probe_lora_pair, "lora-poison": probe_lora_poison,
           "features": probe_features}
 
 
