@@ -86,12 +86,12 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
     witness = failing[-1] if failing else None  # Hypothesis replays the shrunk example last
     prompt = requests = blocks = None
     if witness is not None:
-        reqs = [q for b in witness[0].batches for q in b.requests]
-        prompt = max((len(q.prompt) for q in reqs), default=0)
-        requests = len(reqs)
-        bs = int(witness[0].batches[0].config.get("block_size", history.capabilities.block_size)) \
-            if witness[0].batches else history.capabilities.block_size
-        blocks = prompt / bs
+        # each prompt in blocks of the block size its own batch ran with (the witness's configuration)
+        sized = [(len(q.prompt), len(q.prompt) / int(b.config.get("block_size", history.capabilities.block_size)))
+                 for b in witness[0].batches for q in b.requests]
+        prompt = max((t for t, _ in sized), default=0)
+        blocks = max((k for _, k in sized), default=0.0)
+        requests = len(sized)
     expected = FAULTS[fault].expected if fault else ()
     return ZooRow(fault or "(none: control)", FAULTS[fault].bug_class if fault else "-", bool(failing),
                   first[1] if first else [], witness[1] if witness else [],
@@ -138,7 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile", default="ci")
     p.add_argument("--max-examples", type=int, default=None)
     p.add_argument("--report-dir", default=None, help="keep each run's report here (default: discarded)")
-    p.add_argument("--shrink-seconds", type=float, default=30, help="shrinking budget per fault")
+    p.add_argument("--shrink-seconds", type=float, default=60,
+                   help="shrinking budget per fault (bounded; Hypothesis' own default is 300 s)")
+    p.add_argument("--no-shrink", action="store_true",
+                   help="stop at the first failure (its example is the witness): catch and check only")
     p.add_argument("--no-control", action="store_true", help="skip the unfaulted control run")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.faults.split(",") if n.strip()] or list(FAULTS)
@@ -147,12 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unknown fault(s) {unknown}; known: {', '.join(FAULTS)}", file=sys.stderr)
         return 3
     control = None if args.no_control else measure(None, profile=args.profile, max_examples=args.max_examples,
-                                                    report_dir=args.report_dir,
-                                                    shrink_seconds=args.shrink_seconds)
+                                                    report_dir=args.report_dir, shrink=False)
     rows = []
     for name in names:
         row = measure(name, profile=args.profile, max_examples=args.max_examples, report_dir=args.report_dir,
-                      shrink_seconds=args.shrink_seconds)
+                      shrink=not args.no_shrink, shrink_seconds=args.shrink_seconds)
         rows.append(row)
         print(f"{name}: {'caught by ' + ', '.join(row.checks_first) if row.caught else 'NOT CAUGHT'} "
               f"after {row.examples_to_first_failure} examples ({row.seconds:.1f}s)", file=sys.stderr, flush=True)

@@ -54,9 +54,29 @@ def test_unfaulted_engine_passes_ci_profile(tmp_path):
 
 
 @pytest.mark.parametrize("name", list(FAULTS))
-def test_fault_is_caught_with_expected_check_and_shrunk_witness(name, tmp_path):
-    row = measure(name, profile="ci", report_dir=tmp_path, shrink_seconds=10)
+def test_fault_is_caught_with_expected_check_and_a_witness(name, tmp_path):
+    # No shrinking here: what a time-capped shrink reaches depends on the machine's load, and a CI test
+    # must not. The test asserts what is deterministic (derandomised CI profile): the fault is caught,
+    # by an expected check, with a replayable witness written. Witness *size* after shrinking is
+    # measured by `python -m adapters.fault_zoo` (reports/fault-zoo.md) and by the shrink test below.
+    row = measure(name, profile="ci", report_dir=tmp_path, shrink=False)
     assert row.caught and row.verdict == "fail", row
     assert row.expected_ok, f"{name}: caught by {row.checks_first} / {row.checks_witness}, " \
                             f"expected one of {FAULTS[name].expected}"
-    assert row.witness_requests and row.witness_requests <= 12, row
+    assert row.witness_requests and row.witness_prompt_tokens, row
+    assert list(tmp_path.rglob("witnesses/*.json")), "no witness file written"
+
+
+def test_shrinking_reaches_a_small_witness(tmp_path):
+    # Shrinking quality, bounded by a shrink count rather than by wall time: token lists are one seeded
+    # choice, so a prompt's length shrinks without reinterpreting the rest of the scenario.
+    from hypothesis.internal.conjecture import engine as conjecture
+
+    saved = conjecture.MAX_SHRINKS
+    conjecture.MAX_SHRINKS = 150
+    try:
+        row = measure("salt_ignored", profile="ci", report_dir=tmp_path, shrink_seconds=600)
+    finally:
+        conjecture.MAX_SHRINKS = saved
+    assert row.caught and "isolation" in row.checks_witness, row
+    assert row.witness_blocks is not None and row.witness_blocks <= 2, row
