@@ -2,7 +2,8 @@
 through the CI profile, and measure how fast and how clearly the suite catches each one.
 
     python -m adapters.fault_zoo [--faults a,b] [--out reports/fault-zoo.md] [--max-examples N]
-                                 [--report-dir DIR] [--no-control]
+                                 [--report-dir DIR] [--no-control] [--shrink-seconds S | --no-shrink]
+                                 [--notes FILE]
 
 For every fault: the check(s) that failed first, how many examples it took to the first failure
 (Hypothesis stops generating there and shrinks), the size of the shrunk witness (longest prompt in
@@ -100,7 +101,42 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
                   not fault or bool(first and set(first[1] + witness[1]) & set(expected)))
 
 
-def render(rows: list[ZooRow], control: ZooRow | None, profile: str) -> str:
+def run_facts(profile: str, shrink: str) -> list[str]:
+    """What was run: code commit, versions, checkpoints, profile, seed, shrink budget."""
+    import hashlib
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    def sh(*cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+        except OSError:
+            return "?"
+
+    commit = sh("git", "rev-parse", "--short", "HEAD") or "?"
+    dirty = " (with uncommitted changes)" if sh("git", "status", "--porcelain", "--untracked-files=no") else ""
+    ckpt = Path(__file__).resolve().parent.parent / "reference_engine" / "checkpoints"
+    digests = []
+    for d in sorted(ckpt.glob("*/")):
+        f = next((d / n for n in ("model.safetensors", "adapter_model.safetensors") if (d / n).is_file()), None)
+        if f is not None:
+            digests.append(f"{d.name} {hashlib.sha256(f.read_bytes()).hexdigest()[:12]}")
+    vers = {}
+    for dist in ("hypothesis", "torch"):
+        try:
+            vers[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            vers[dist] = "?"
+    seed = "derandomised (fixed seed per test function)" if profile == "ci" else "random"
+    return [f"- run: kvparity commit `{commit}`{dirty}, reference engine 0.1.0 (float64, tolerance 0), "
+            f"python {platform.python_version()}, hypothesis {vers['hypothesis']}, torch {vers['torch']}",
+            f"- profile `{profile}` (100 examples max, 6 steps per scenario), seed: {seed}; shrinking: {shrink}",
+            f"- checkpoints (sha256 of the weights): {', '.join(digests) or '?'}"]
+
+
+def render(rows: list[ZooRow], control: ZooRow | None, profile: str, facts: list[str] | None = None,
+           notes: str = "") -> str:
     faults = [r for r in rows]
     caught = [r for r in faults if r.caught]
     firsts = [r.examples_to_first_failure for r in caught if r.examples_to_first_failure]
@@ -110,7 +146,7 @@ def render(rows: list[ZooRow], control: ZooRow | None, profile: str) -> str:
              f"- caught: **{len(caught)}/{len(faults)}**"
              + (f"; median examples to first failure: **{statistics.median(firsts):g}**" if firsts else ""),
              f"- witness size: longest prompt of the shrunk witness, in tokens and in blocks of the witness's "
-             f"block size; requests in the witness"]
+             f"block size; requests in the witness", *(facts or [])]
     if control is not None:
         lines.append(f"- control (no fault): **{control.verdict}** in {control.examples_run} examples, "
                      f"{control.seconds:.1f}s")
@@ -128,7 +164,7 @@ def render(rows: list[ZooRow], control: ZooRow | None, profile: str) -> str:
         if f is not None:
             lines.append(f"- `{f.name}` ({f.bug_class}, replaces `{f.target}.{f.method}`): {f.summary}. "
                          f"Mechanism: {f.mechanism}.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + (f"\n{notes.strip()}\n" if notes.strip() else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-shrink", action="store_true",
                    help="stop at the first failure (its example is the witness): catch and check only")
     p.add_argument("--no-control", action="store_true", help="skip the unfaulted control run")
+    p.add_argument("--notes", default=None, help="Markdown appended to the report (what it took, caveats)")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.faults.split(",") if n.strip()] or list(FAULTS)
     unknown = [n for n in names if n not in FAULTS]
@@ -158,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(row)
         print(f"{name}: {'caught by ' + ', '.join(row.checks_first) if row.caught else 'NOT CAUGHT'} "
               f"after {row.examples_to_first_failure} examples ({row.seconds:.1f}s)", file=sys.stderr, flush=True)
-    text = render(rows, control, args.profile)
+    budget = "off (--no-shrink)" if args.no_shrink else f"Hypothesis' shrinker, capped at {args.shrink_seconds:g} s per fault"
+    notes = Path(args.notes).read_text() if args.notes else ""
+    text = render(rows, control, args.profile, run_facts(args.profile, budget), notes)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     print(text)
