@@ -8,6 +8,34 @@ Attach to a running server (`base_url=http://127.0.0.1:8000`) or let the adapter
                     LoRA modules `upper` / `rot13`, VLLM_SERVER_DEV_MODE=1 (for POST /reset_prefix_cache)
   serve=llama_cpp   `python -m llama_cpp.server --model <gguf=...>` (text prompts; no cached-token count)
 
+Greedy means greedy. `temperature: 0` alone is not enough on every server: llama-cpp-python's server
+defaults `repeat_penalty` to 1.1 and applies its penalties sampler before the greedy one even at
+temperature 0 (reports/llama_cpp F5). With serve=llama_cpp the adapter therefore also sends the
+sampling-neutral `repeat_penalty: 1.0, presence_penalty: 0, frequency_penalty: 0, mirostat_mode: 0,
+min_tokens: 0`; when attaching to such a server with base_url=, pass them through extra_body= (JSON merged
+into every completion body), e.g. extra_body='{"repeat_penalty": 1.0}'.
+
+Text prompts and the oracle. In prompt_mode=text the server never sees our token ids: it tokenizes
+`decode(prompt)`, and `encode(decode(ids)) != ids` whenever ids are not in canonical BPE form (e.g.
+`[4]*32`, 32 single `"` tokens, comes back as merged tokens). The adapter therefore computes the
+baseline on the *effective prompt* `encode(decode(prompt))` (the shipped tokenizer, which equals
+llama.cpp's on the exported GGUF: 400/400 texts), i.e. on the tokens the server actually receives, and
+records it in Result.extra (`effective_prompt_tokens`, `prompt_roundtrip_exact`, and `effective_prompt`
+when it differs; `server_prompt_mismatch` when the server's own usage.prompt_tokens disagrees). This
+keeps every strategy-generated prompt usable (restricting strategies to round-trip-stable prompts would
+need a text-mode switch inside the generic strategies and would drop exactly the repetitive prompts that
+stress prefix reuse). The same memoized oracle key (the request) maps to the same effective prompt, so
+repeats stay comparable. The other side of the channel: output ids come from the server's ids where it
+gives them, else from its per-token logprob pieces (llama-cpp-python keys logprobs by token text; each
+piece maps to one id of the shipped vocabulary except the 128 partial-UTF-8 byte tokens; used only when
+the pieces map uniquely and concatenate to the completion text: extra["output_from_pieces"]), else the
+completion text re-encoded (extra["output_from_text"], not token-exact: merges lose token boundaries).
+When the probe completion shows that the server gives neither ids nor pieces, the baseline output is
+passed through the same decode -> encode (margins past the first changed position are the smallest
+greedy margin from there on), so that parity compares like with like. Stop ids cannot be sent as ids in text
+mode, so the output is cut after the first stop id client-side (greedy decoding is causal: the tokens
+before a stop do not depend on it).
+
 Engine arguments (strings):
   base_url=, serve=, model=  (the served model name; default: kvparity when serving, else the first of /v1/models)
   prompt_mode=tokens|text    tokens: the prompt is a list of token ids (vLLM accepts them);
@@ -23,6 +51,9 @@ Engine arguments (strings):
                              or an epoch nonce mixed into every cache_salt (a fresh KV namespace), or nothing
   spec=none|ngram|draft, k=3, max_num_batched_tokens=none   serve=vllm only, as for the vllm adapter
   block_size=32, timeout=120 (seconds per HTTP call), startup_timeout=600, tolerance=1e-3, gguf=, port=0
+  extra_body=JSON            merged into every /v1/completions body (after the adapter's own fields)
+  logprobs=true|false        ask for logprobs=2: top-2 per step, and on servers that key logprobs by token
+                             *text* (llama-cpp-python) the per-token pieces that give exact output ids
 
 Reported: `usage.prompt_tokens_details.cached_tokens` -> Result.cached_tokens (None where the server does
 not report it, and then `reports_cached_tokens` is False); `logprobs=2` -> Result.top2 (logprobs, whose
@@ -148,7 +179,7 @@ class OpenAIHttpAdapter:
                  spec: str = "none", k: str | int = 3, max_num_batched_tokens: str = "none",
                  block_size: str | int = 32, timeout: str | float = 120, startup_timeout: str | float = 600,
                  tolerance: str | float = DEFAULT_TOLERANCE, logprobs: str = "true", gguf: str = "",
-                 port: str | int = 0, revision: str = "a", name: str = "") -> None:
+                 port: str | int = 0, revision: str = "a", name: str = "", extra_body: str = "") -> None:
         from reference_engine import checkpoints
 
         self._ckpt = checkpoints
@@ -170,6 +201,13 @@ class OpenAIHttpAdapter:
         self.startup_timeout = _num("startup_timeout", startup_timeout, float, 1)
         self.tolerance = _num("tolerance", tolerance)
         self.want_logprobs = _bool("logprobs", logprobs)
+        try:
+            self.extra_body = json.loads(extra_body) if extra_body else {}
+        except ValueError:
+            raise UsageError(f"extra_body={extra_body!r} is not JSON") from None
+        if not isinstance(self.extra_body, dict):
+            raise UsageError("extra_body= must be a JSON object")
+        self._effective_cache: dict[tuple, tuple] = {}
         self.lora = _bool("lora", lora) and serve == "vllm"
         self.loras = tuple(a for a in LORAS if (checkpoints.adapter_dir(a) / "adapter_model.safetensors").exists())
         self.lora = self.lora and bool(self.loras)
@@ -181,9 +219,11 @@ class OpenAIHttpAdapter:
         self.proc: subprocess.Popen | None = None
         self.log_path: pathlib.Path | None = None
         self._tokenizer = None
+        self._pieces: dict[str, int] | None = None
         self._models: dict[tuple, Any] = {}
         self.epoch = 0
         self.version = "unknown"
+        self._ids_from_server = False  # set by the first (probe) completion: output ids exact, not re-encoded
         if serve:
             base_url = self._start_server(int(_num("port", port, int, 0)))
         self.http = Http(base_url, self.timeout)
@@ -316,6 +356,14 @@ class OpenAIHttpAdapter:
     def _probe_cached_tokens(self) -> bool:
         body = self._body([5, 6, 7], 1, (), None)
         data = self.http.call("POST", "/v1/completions", body)
+        try:
+            choice = data["choices"][0]
+            lp = choice.get("logprobs") or {}
+            toks = lp.get("tokens") if isinstance(lp, dict) else None
+            self._ids_from_server = choice.get("token_ids") is not None or bool(  # ids, or per-token pieces
+                toks and isinstance(toks, list) and all(isinstance(t, str) for t in toks))
+        except (KeyError, IndexError, TypeError, AttributeError):
+            self._ids_from_server = False
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         return isinstance(details, dict) and isinstance(details.get("cached_tokens"), int)
@@ -356,8 +404,36 @@ class OpenAIHttpAdapter:
         model = self._models.get(key)
         if model is None:
             model = self._models[key] = self._ckpt.load_target(ident.revision, ident.adapter)
-        g = greedy(model, request.prompt, request.max_tokens, request.stop_ids, EOS)
+        g = greedy(model, self.effective_prompt(request.prompt), request.max_tokens, request.stop_ids, EOS)
+        if self.prompt_mode == "text" and not self._ids_from_server:
+            return self._through_text(Baseline(g.output, g.finish_reason, g.margins, g.runner_up))
         return Baseline(g.output, g.finish_reason, g.margins, g.runner_up)
+
+    def effective_prompt(self, prompt: Sequence[int]) -> tuple[int, ...]:
+        """The token ids the server actually receives: the prompt itself, or encode(decode(prompt)) in text mode."""
+        key = tuple(int(t) for t in prompt)
+        if self.prompt_mode != "text":
+            return key
+        eff = self._effective_cache.get(key)
+        if eff is None:
+            eff = self._effective_cache[key] = self.roundtrip(key)
+        return eff
+
+    def roundtrip(self, ids: Sequence[int]) -> tuple[int, ...]:
+        tok = self.tokenizer()
+        return tuple(tok.encode(tok.decode(list(ids), skip_special_tokens=False), add_special_tokens=False).ids)
+
+    def _through_text(self, b: Baseline) -> Baseline:
+        """The baseline as seen through the text channel (output ids re-encoded from the completion text)."""
+        out = list(b.output)
+        tail = [out.pop()] if out and b.finish_reason in ("eos", "stop") else []  # the terminal token is separate
+        rt = list(self.roundtrip(out)) if out else []
+        if rt == out:
+            return b
+        same = next((i for i, (x, y) in enumerate(zip(out, rt)) if x != y), min(len(out), len(rt)))
+        floor = min(b.margins[same:], default=float("inf"))  # past the change: the smallest greedy margin left
+        margins = tuple(b.margins[:same]) + (floor,) * (len(rt) + len(tail) - same)
+        return Baseline(tuple(rt + tail), b.finish_reason, margins, tuple(b.runner_up[:same]))
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         for q in requests:
@@ -416,18 +492,25 @@ class OpenAIHttpAdapter:
             body["prompt"] = [int(t) for t in prompt]
         else:
             body["prompt"] = self.tokenizer().decode(list(prompt), skip_special_tokens=False)
-        if self.serve == "vllm" or self.prompt_mode == "tokens":
+        if self._sends_stop_ids():
             body.update(stop_token_ids=[int(s) for s in stop_ids], return_token_ids=True,
                         return_tokens_as_token_ids=True, skip_special_tokens=False)
         if self.want_logprobs:
             body["logprobs"] = 2
+        if self.serve == "llama_cpp":  # sampling-neutral: llama_cpp.server defaults repeat_penalty=1.1 (F5)
+            body.update(repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, mirostat_mode=0,
+                        min_tokens=0)
         if ident is not None:
             if ident.adapter is not None:
                 body["model"] = ident.adapter
             salt = self._salt(ident.salt)
             if salt is not None:
                 body["cache_salt"] = salt
+        body.update(self.extra_body)
         return body
+
+    def _sends_stop_ids(self) -> bool:
+        return self.serve == "vllm" or self.prompt_mode == "tokens"
 
     def _one(self, q: Request, box: list, i: int) -> None:
         try:
@@ -446,13 +529,23 @@ class OpenAIHttpAdapter:
             raise EngineError(f"request {q.id}: malformed choice {str(choice)[:80]}")
         extra: dict[str, Any] = {"prompt_tokens": len(q.prompt), "http_finish_reason": choice.get("finish_reason"),
                                  "http_stop_reason": choice.get("stop_reason")}
+        if self.prompt_mode == "text":
+            eff = self.effective_prompt(q.prompt)
+            extra["effective_prompt_tokens"] = len(eff)
+            extra["prompt_roundtrip_exact"] = eff == tuple(q.prompt)
+            if eff != tuple(q.prompt):
+                extra["effective_prompt"] = list(eff)
         lp = choice.get("logprobs") or {}
         ids = choice.get("token_ids")
         if ids is None:
             toks = lp.get("tokens") if isinstance(lp, dict) else None
-            if toks and all(isinstance(t, str) and _TOKEN_ID.match(t) for t in toks):
-                ids = [int(_TOKEN_ID.match(t).group(1)) for t in toks]
-            else:
+            ids = self._ids_from_pieces(toks)
+            if ids is not None and toks and not _TOKEN_ID.match(str(toks[0])):
+                if "".join(toks) == choice.get("text"):
+                    extra["output_from_pieces"] = True
+                else:
+                    ids = None
+            if ids is None:
                 text = choice.get("text")
                 if not isinstance(text, str):
                     raise EngineError(f"request {q.id}: completion has neither token_ids nor text")
@@ -465,8 +558,13 @@ class OpenAIHttpAdapter:
         from adapters.vllm import normalise_finish  # shared normalisation (no vLLM import)
 
         stop_reason = choice.get("stop_reason")
-        output, reason = normalise_finish(ids, choice.get("finish_reason"), stop_reason, q.stop_ids, EOS,
-                                          q.max_tokens)
+        cut = next((k for k, t in enumerate(ids) if t in q.stop_ids), None) if not self._sends_stop_ids() else None
+        if cut is not None:  # the server was not told the stop ids: stop client-side at the first one
+            output, reason = ids[:cut + 1], ("eos" if ids[cut] == EOS else "stop")
+            extra["client_side_stop"] = True
+        else:
+            output, reason = normalise_finish(ids, choice.get("finish_reason"), stop_reason, q.stop_ids, EOS,
+                                              q.max_tokens)
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
@@ -474,6 +572,8 @@ class OpenAIHttpAdapter:
             raise EngineError(f"request {q.id}: cached_tokens is {cached!r}, not an integer")
         if isinstance(usage.get("prompt_tokens"), int):
             extra["server_prompt_tokens"] = usage["prompt_tokens"]
+            if self.prompt_mode == "text" and usage["prompt_tokens"] != extra["effective_prompt_tokens"]:
+                extra["server_prompt_mismatch"] = True  # the server tokenized the text differently
         if self.budget is not None:  # certain lower bound: more uncached tokens than one step's budget
             uncached = len(q.prompt) - (cached or 0)
             extra["prefill_chunks"] = max(1, -(-uncached // self.budget))
@@ -481,8 +581,35 @@ class OpenAIHttpAdapter:
         return Result(q.id, output, reason, cached_tokens=cached if self.reports_cached else None,
                       top2=self._top2(lp) if self.want_logprobs else None, timings={"http_s": wall}, extra=extra)
 
-    @staticmethod
-    def _top2(lp: Any) -> tuple | None:
+    def _piece_map(self) -> dict[str, int]:
+        """Token text -> id for every piece of the shipped vocabulary that decodes to a unique, non-empty string."""
+        if self._pieces is None:
+            tok, seen = self.tokenizer(), collections.Counter()
+            pieces = {}
+            for i in range(tok.get_vocab_size()):
+                p = tok.decode([i], skip_special_tokens=False)
+                seen[p] += 1
+                pieces[p] = i
+            self._pieces = {p: i for p, i in pieces.items() if seen[p] == 1 and p and "\ufffd" not in p}
+        return self._pieces
+
+    def _id_of(self, tok: Any) -> int | None:
+        if not isinstance(tok, str):
+            return None
+        m = _TOKEN_ID.match(tok)
+        if m is not None:
+            return int(m.group(1))
+        if self.prompt_mode != "text":
+            return None
+        return self._piece_map().get(tok)
+
+    def _ids_from_pieces(self, toks: Any) -> list[int] | None:
+        if not toks or not isinstance(toks, list):
+            return None
+        ids = [self._id_of(t) for t in toks]
+        return None if any(i is None for i in ids) else ids
+
+    def _top2(self, lp: Any) -> tuple | None:
         top = lp.get("top_logprobs") if isinstance(lp, dict) else None
         if not top:
             return None
@@ -493,10 +620,10 @@ class OpenAIHttpAdapter:
             ranked = sorted(step.items(), key=lambda kv: -float(kv[1]))[:2]
             ids = []
             for tok, _ in ranked:
-                m = _TOKEN_ID.match(tok) if isinstance(tok, str) else None
-                if m is None:
+                tid = self._id_of(tok)
+                if tid is None:
                     return None
-                ids.append(int(m.group(1)))
+                ids.append(tid)
             rows.append((ids[0], float(ranked[0][1]), ids[1], float(ranked[1][1])))
         return tuple(rows)
 

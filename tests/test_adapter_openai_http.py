@@ -64,6 +64,9 @@ class FakeServer:
                         "top_logprobs": [{"token_id:7": -0.1, "token_id:9": -2.0},
                                          {"token_id:8": -0.5, "token_id:3": -0.7}]})
                     usage["prompt_tokens_details"] = {"cached_tokens": 0}
+                if outer.mode == "pieces":  # llama-cpp-python style: logprobs keyed by token text
+                    choice.update(text="ab\"", logprobs={"tokens": ["ab", "\""], "top_logprobs": [
+                        {"ab": -0.1, "a": -2.0}, {"\"": -0.5, "#": -0.7}]})
                 if body.get("max_tokens") == 1 and outer.mode == "ids" and body.get("stop_token_ids") == [8]:
                     choice.update(token_ids=[8], finish_reason="stop", stop_reason=8)
                 self._send(200, json.dumps({"choices": [choice], "usage": usage}).encode())
@@ -202,3 +205,91 @@ def test_vllm_server_short_suite_run(served, tmp_path):
     out = run_suite(served, engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=3, max_examples=3,
                     database_dir=tmp_path)
     assert out.verdict in ("pass", "inconclusive"), out.analysis.checks
+
+
+# --------------------------------------------------------------------------- text mode: the tokens the server receives
+
+
+def test_text_mode_baseline_uses_the_effective_prompt(fake):
+    """A prompt that does not survive decode -> encode is judged on the ids the server actually gets."""
+    from reference_engine import checkpoints
+    from reference_engine.baseline import greedy
+
+    srv = fake("text")  # a fake OpenAI server: text completions only, no ids, no cached tokens
+    a = OpenAIHttpAdapter(base_url=srv.url, prompt_mode="text")
+    assert not a._ids_from_server
+    raw = (4,) * 32  # 32 single `"` tokens: the tokenizer merges them when it re-encodes the text
+    eff = a.effective_prompt(raw)
+    tok = a.tokenizer()
+    assert eff == tuple(tok.encode(tok.decode(list(raw), skip_special_tokens=False), add_special_tokens=False).ids)
+    assert eff != raw and len(eff) < len(raw)
+    stable = (70, 71, 72)
+    assert a.effective_prompt(stable) == stable or a.effective_prompt(stable) == a.roundtrip(stable)
+
+    q = Request("q", raw, 3)
+    g = greedy(checkpoints.load_target("a", None), eff, 3, (), 2)
+    b = a.baseline(q)
+    assert b.output == a._through_text(type(b)(g.output, g.finish_reason, g.margins, g.runner_up)).output
+
+    [r] = a.run([q])
+    assert srv.bodies[-1]["prompt"] == tok.decode(list(raw), skip_special_tokens=False)
+    assert r.extra["prompt_roundtrip_exact"] is False and tuple(r.extra["effective_prompt"]) == eff
+    assert r.extra["effective_prompt_tokens"] == len(eff) and r.extra["prompt_tokens"] == 32
+    [r2] = a.run([Request("s", a.roundtrip(stable), 2)])
+    assert r2.extra["prompt_roundtrip_exact"] is True and "effective_prompt" not in r2.extra
+
+
+def test_token_mode_baseline_is_unchanged(fake):
+    srv = fake("ids")
+    a = OpenAIHttpAdapter(base_url=srv.url)
+    assert a._ids_from_server and a.effective_prompt((4,) * 32) == (4,) * 32
+
+
+def test_text_channel_normalises_the_baseline_output(fake):
+    """Output ids re-encoded from text are compared with the baseline output passed through the same channel."""
+    from conformance.contract import Baseline
+
+    srv = fake("text")
+    a = OpenAIHttpAdapter(base_url=srv.url, prompt_mode="text")
+    same = Baseline((70, 71, 2), "eos", (0.5, 0.4, 0.3), (9, 9, 9))
+    if a.roundtrip((70, 71)) == (70, 71):
+        assert a._through_text(same) == same
+    b = a._through_text(Baseline((5, 4, 4, 4, 4), "length", (0.9, 0.8, 0.02, 0.7, 0.6), (1, 1, 1, 1, 1)))
+    rt = a.roundtrip((5, 4, 4, 4, 4))
+    assert b.output == rt and len(b.margins) == len(rt)
+    k = next(i for i, (x, y) in enumerate(zip((5, 4, 4, 4, 4), rt)) if x != y)
+    m = (0.9, 0.8, 0.02, 0.7, 0.6)
+    assert b.margins[:k] == m[:k] and all(x == min(m[k:]) for x in b.margins[k:])  # conservative floor
+    assert b.runner_up == (1,) * k
+
+
+def test_text_mode_stops_client_side_and_sends_neutral_sampling(fake):
+    srv = fake("text")
+    a = OpenAIHttpAdapter(base_url=srv.url, prompt_mode="text", extra_body='{"repeat_penalty": 1.0}')
+    first = a.tokenizer().encode("ab", add_special_tokens=False).ids[0]
+    [r] = a.run([Request("q", (70, 71), 2, stop_ids=(first,))])
+    body = srv.bodies[-1]
+    assert "stop_token_ids" not in body and body["repeat_penalty"] == 1.0  # extra_body merged
+    assert r.output == (first,) and r.finish_reason == "stop" and r.extra["client_side_stop"]
+    # serve=llama_cpp sends llama-cpp-python's sampling-neutral fields (its server defaults repeat_penalty=1.1)
+    a.serve = "llama_cpp"  # no real server here: only the request body is inspected
+    body = a._body((70, 71), 4, (), None)
+    assert body["repeat_penalty"] == 1.0 and body["presence_penalty"] == 0.0 and body["frequency_penalty"] == 0.0
+    assert body["mirostat_mode"] == 0 and body["temperature"] == 0.0 and isinstance(body["prompt"], str)
+    with pytest.raises(UsageError):
+        OpenAIHttpAdapter(base_url=srv.url, extra_body="not json")
+
+
+def test_text_mode_output_ids_from_logprob_pieces(fake):
+    """Servers that key logprobs by token text (llama-cpp-python) still give exact output ids and top-2."""
+    srv = fake("pieces")  # a fake server answering like llama_cpp.server
+    a = OpenAIHttpAdapter(base_url=srv.url, prompt_mode="text")
+    assert a._ids_from_server
+    tok = a.tokenizer()
+    ab, a_, q_, h_ = (tok.token_to_id(t) for t in ("ab", "a", '"', "#"))
+    [r] = a.run([Request("q", (70, 71), 2)])
+    assert r.output == (ab, q_) and r.extra["output_from_pieces"] and "output_from_text" not in r.extra
+    assert r.top2 == ((ab, -0.1, a_, -2.0), (q_, -0.5, h_, -0.7))
+    # the baseline is not passed through the text channel when ids are exact
+    assert a._ids_from_server and a.baseline(Request("x", (4,) * 32, 2)).output == a.baseline(
+        Request("y", a.effective_prompt((4,) * 32), 2)).output
