@@ -9,7 +9,7 @@ from reference_engine.training.measure import measure
 
 @pytest.fixture(scope="module")
 def figures():
-    return measure(n_prompts=40, n_tokens=12_000)
+    return measure(n_prompts=40, n_tokens=40_000)
 
 
 def test_target_beats_a_bigram_model_clearly(figures):
