@@ -175,7 +175,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1200, help="target-a steps")
     parser.add_argument("--steps-b", type=int, default=400, help="revision b steps (further training)")
-    parser.add_argument("--steps-draft", type=int, default=500, help="draft distillation steps")
+    parser.add_argument("--steps-draft", type=int, default=1500, help="draft distillation steps")
     parser.add_argument("--steps-lora", type=int, default=200, help="steps per LoRA adapter")
     parser.add_argument("--only", nargs="*", default=None,
                         help="subset of: tokenizer target-a target-b draft lora-upper lora-rot13")
