@@ -1,6 +1,6 @@
 """kvparity adapter for Hugging Face transformers (CPU), driving the real library on the shipped checkpoints.
 
-Modes (engine argument `mode`, also the adapter's config space):
+Modes (engine argument `mode`; the config space is every mode, or the subset `modes=a,b`):
   generate        plain `generate`: the engine's own baseline
   assisted        assisted generation with tiny-draft as the assistant (k = `num_assistant_tokens`)
   adversarial     assisted generation with an assistant that always proposes the draft's *least* likely token
@@ -44,7 +44,7 @@ class TransformersAdapter:
     """The Engine contract over `transformers.LlamaForCausalLM`."""
 
     def __init__(self, mode: str = "generate", k: str | int = 3, page_size: str | int = 16,
-                 num_blocks: str | int = 64, dtype: str = "float64"):
+                 num_blocks: str | int = 64, dtype: str = "float64", modes: str = ",".join(MODES)):
         try:
             import transformers
         except ImportError as e:  # pragma: no cover - exercised only without the extra
@@ -53,11 +53,13 @@ class TransformersAdapter:
         if dtype not in ("float64", "float32"):
             raise UsageError(f"engine argument dtype={dtype!r}: choose float64 or float32")
         self.dtype = getattr(torch, dtype)
+        self.modes = tuple(m for m in modes.split(",") if m)
+        if not self.modes or set(self.modes) - set(MODES):
+            raise UsageError(f"engine argument modes={modes!r}: a comma-separated subset of {', '.join(MODES)}")
         self.defaults = {"mode": mode, "k": _int("k", k), "page_size": _int("page_size", page_size),
                          "num_blocks": _int("num_blocks", num_blocks, lo=4)}
         self._models: dict[str, Any] = {}
         self._reference: dict[str, Any] = {}
-        self._manager_model = None
         self.configure({})
 
     # -- contract ---------------------------------------------------------------------------------
@@ -72,16 +74,16 @@ class TransformersAdapter:
             max_context=1024,
             eos_id=2,
             block_size=self.config["page_size"],
-            prefix_caching=True,
-            reports_cached_tokens=True,
-            speculation=True,
-            reports_drafts=True,
+            prefix_caching="batch" in self.modes,
+            reports_cached_tokens="batch" in self.modes,
+            speculation=bool({"assisted", "adversarial", "prompt_lookup"} & set(self.modes)),
+            reports_drafts=bool({"assisted", "adversarial", "prompt_lookup"} & set(self.modes)),
             top2_logits=True,
             identities=frozenset({"revision"}),
             revisions=tuple(sorted(checkpoints.REVISIONS)),
             baseline_mode=True,
             tolerance=0.0 if self.dtype == torch.float64 else FLOAT32_TOLERANCE,
-            config_space={"mode": MODES, "k": (1, 3, 5)},
+            config_space={"mode": self.modes, "k": (1, 3, 5)},
             min_hit_prompt=self.config["page_size"] + 1,
         )
 
@@ -96,11 +98,11 @@ class TransformersAdapter:
         self.reset()
 
     def reset(self) -> None:
-        """Drop the persistent continuous-batching manager: its paged cache is the only reusable KV."""
-        if self._manager_model is not None:
+        """Drop every model's persistent continuous-batching manager: their paged caches are the only
+        reusable KV."""
+        for model in self._models.values():
             with contextlib.suppress(Exception):
-                self._manager_model.destroy_cached_continuous_batching_manager()
-        self._manager_model = None
+                model.destroy_cached_continuous_batching_manager()
 
     def close(self) -> None:
         self.reset()
@@ -179,7 +181,9 @@ class TransformersAdapter:
 
     def _run_batch(self, requests: Sequence[Request]) -> list[Result]:
         """One `generate_batch` call per (revision, max_tokens, stop ids) group, arrival order kept.
-        The manager persists between calls, so blocks shared by earlier batches can serve later ones."""
+        The manager persists between calls (`persistent_manager=True`), so blocks shared by earlier
+        batches can serve later ones. transformers 5.24 then keeps the *first* call's eos ids for every
+        later call (reports/transformers/README.md): the suite's parity check catches it."""
         gc_cls = self._tf.GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -188,10 +192,7 @@ class TransformersAdapter:
         for r in requests:
             groups.setdefault((r.identity.revision, r.max_tokens, r.stop_ids), []).append(r)
         for (revision, max_tokens, stop_ids), group in groups.items():
-            model = self._model(revision)
-            if self._manager_model is not model:
-                self.reset()
-                self._manager_model = model
+            model = self._model(revision)  # each model keeps its own persistent manager (and cache)
             gen = gc_cls(max_new_tokens=max_tokens, do_sample=False, eos_token_id=[2, *stop_ids], pad_token_id=0)
             cb = ContinuousBatchingConfig(page_size=self.config["page_size"], num_blocks=self.config["num_blocks"],
                                           max_batch_tokens=64, allow_block_sharing=True)

@@ -191,11 +191,15 @@ class ScenarioRunner:
         if isinstance(item, Request):
             return item
         parent = resolved.get(item.parent)
+        stop_ids = item.stop_ids
         if parent is None:  # parent never ran (e.g. shrunk away): the turn starts a fresh conversation
             prompt = item.extra
+        elif item.restop is not None and parent[1].output:  # the parent again, stopping where it went
+            prompt = parent[0].prompt
+            stop_ids = (parent[1].output[item.restop % len(parent[1].output)],)
         else:
             prompt = parent[0].prompt + tuple(parent[1].output) + item.extra
-        return Request(item.id, prompt[: item.max_prompt] or item.extra[:1], item.max_tokens, item.stop_ids,
+        return Request(item.id, prompt[: item.max_prompt] or item.extra[:1], item.max_tokens, stop_ids,
                        item.identity)
 
     def batch(self, requests: list[Request], resolved: dict[str, tuple[Request, Result]]) -> None:

@@ -38,7 +38,11 @@ class Reset:
 
 @frozen
 class Continuation:
-    """Next turn of a conversation: parent's prompt + parent's output + `extra`, resolved at run time."""
+    """Next turn of a conversation: parent's prompt + parent's output + `extra`, resolved at run time.
+
+    With `restop=j` it is instead the parent's own prompt again, stopping at the token the parent produced
+    at output position j (modulo its length): a stop id that surely fires, where a random one almost never
+    does — so stop handling on a warm cache or a reused engine session is actually exercised."""
 
     id: str
     parent: str
@@ -47,6 +51,7 @@ class Continuation:
     stop_ids: tuple[int, ...] = field(default=(), converter=_tuple_of_ints)
     identity: Identity = field(factory=Identity)
     max_prompt: int = MAX_PROMPT
+    restop: int | None = None
 
 
 @frozen
@@ -174,7 +179,7 @@ def configs(caps: Capabilities) -> st.SearchStrategy[dict[str, Any]]:
 
 # Weighted by repetition: reuse (resend / continue / poison) is where the bugs are. "batch" comes first
 # because Hypothesis shrinks towards the first element.
-KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset",
+KINDS = ("batch", "resend", "continue", "poison", "restop", "configure", "batch", "resend", "continue", "reset",
          "shift", "poison", "flood", "flush_resend", "shift", "flood")
 
 
@@ -212,6 +217,10 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
             extra = draw(st.integers(1, caps.block_size + 1).flatmap(lambda n: token_lists(caps, n)))
             items = (Continuation(f"r{next(ids)}", parent.id, extra, draw(max_tokens(caps)), draw(stop_ids(caps)),
                                   parent.identity, top),)
+        elif kind == "restop" and pool:
+            parent = draw(st.sampled_from(pool))
+            items = (Continuation(f"r{next(ids)}", parent.id, draw(token_lists(caps, 1)), draw(st.integers(2, MAX_NEW)),
+                                  (), parent.identity, top, restop=draw(st.integers(0, MAX_NEW - 1))),)
         elif kind == "poison" and requests_in_pool and len(identities) > 1:
             # Half the time the nearest other identity (one input changed: a key that drops exactly
             # that input collides), else any other one.
@@ -299,7 +308,8 @@ def step_from_json(d: Mapping[str, Any]) -> Step:
     for r in d["requests"]:
         if r.get("kind") == "Continuation":
             items.append(Continuation(r["id"], r["parent"], r["extra"], int(r["max_tokens"]), r.get("stop_ids", ()),
-                                      identity_from(r.get("identity")), int(r.get("max_prompt", MAX_PROMPT))))
+                                      identity_from(r.get("identity")), int(r.get("max_prompt", MAX_PROMPT)),
+                                      r.get("restop")))
         else:
             items.append(request_from(r))
     return Batch(items)

@@ -36,11 +36,24 @@ def test_reference_engine_passes_the_ci_profile_with_a_complete_report(tmp_path,
     assert statuses and all(s == "pass" for s in statuses.values()), statuses
 
 
-def test_transformers_adapter_passes_the_dev_profile(tmp_path, capsys):
+def test_transformers_adapter_passes_the_dev_profile_outside_batch_mode(tmp_path, capsys):
+    """generate, assisted generation (draft and adversarial assistant) and prompt lookup are lossless."""
     pytest.importorskip("transformers")
-    code = main(["run", "--engine", "transformers", "--profile", "dev", "--max-examples", "30", "--seed", "1",
-                 "--report-dir", str(tmp_path)])
+    code = main(["run", "--engine", "transformers", "--engine-arg", "modes=generate,assisted,adversarial,prompt_lookup",
+                 "--profile", "dev", "--max-examples", "30", "--seed", "1", "--report-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "near-ties 0" in out
     assert (run_dir_of(tmp_path, "transformers") / "report.html").exists()
+
+
+def test_suite_catches_transformers_persistent_manager_keeping_its_first_stop_ids(tmp_path, capsys):
+    """A real finding in transformers 5.24 (reports/transformers/README.md): a persistent
+    continuous-batching manager keeps the eos ids of the `generate_batch` call that created it, so a later
+    call's stop ids are ignored. The suite must fail the run, naming generation past a stop token."""
+    pytest.importorskip("transformers")
+    code = main(["run", "--engine", "transformers", "--engine-arg", "modes=batch", "--checks", "accounting,parity",
+                 "--profile", "ci", "--seed", "0", "--no-shrink", "--report-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "[accounting]" in out or "[parity]" in out
