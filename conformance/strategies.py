@@ -179,8 +179,8 @@ def configs(caps: Capabilities) -> st.SearchStrategy[dict[str, Any]]:
 
 # Weighted by repetition: reuse (resend / continue / poison) is where the bugs are. "batch" comes first
 # because Hypothesis shrinks towards the first element.
-KINDS = ("batch", "resend", "continue", "poison", "restop", "configure", "batch", "resend", "continue", "reset",
-         "shift", "poison", "flood", "flush_resend", "shift", "flood")
+KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset",
+         "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop")
 
 
 @st.composite
