@@ -27,7 +27,9 @@ from attrs import define
 
 from conformance.analysis import example_failures, select_checks
 from conformance.history import load
+from conformance.minimise import minimise
 from conformance.runner import run_suite
+from conformance.strategies import Batch, Configure, step_from_json
 from reference_engine.faults import FAULTS
 
 
@@ -86,19 +88,29 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
     first = failing[0] if failing else None
     witness = failing[-1] if failing else None  # Hypothesis replays the shrunk example last
     prompt = requests = blocks = None
-    if witness is not None:
-        # each prompt in blocks of the block size its own batch ran with (the witness's configuration)
-        sized = [(len(q.prompt), len(q.prompt) / int(b.config.get("block_size", history.capabilities.block_size)))
-                 for b in witness[0].batches for q in b.requests]
-        prompt = max((t for t, _ in sized), default=0)
-        blocks = max((k for _, k in sized), default=0.0)
-        requests = len(sized)
     expected = FAULTS[fault].expected if fault else ()
+    if witness is not None:
+        steps = [step_from_json(s) for s in witness[0].steps()]
+        if shrink:  # then minimise the resolved steps, where Hypothesis' shrinker cannot reach
+            check = next((c for c in witness[1] if c in expected), witness[1][0])
+            steps = minimise(engine, history.capabilities, check, steps)
+        prompt, blocks, requests = witness_size(steps, history.capabilities.block_size)
     return ZooRow(fault or "(none: control)", FAULTS[fault].bug_class if fault else "-", bool(failing),
                   first[1] if first else [], witness[1] if witness else [],
                   (first[0].index + 1) if first else None, out.examples, prompt, blocks, requests,
                   time.monotonic() - started, out.verdict,
                   not fault or bool(first and set(first[1] + witness[1]) & set(expected)))
+
+
+def witness_size(steps, default_block_size: int) -> tuple[int, float, int]:
+    """(longest prompt in tokens, in blocks of the block size its batch ran with, requests)."""
+    block_size, sized = default_block_size, []
+    for step in steps:
+        if isinstance(step, Configure):
+            block_size = int(step.config.get("block_size", default_block_size))
+        elif isinstance(step, Batch):
+            sized += [(len(q.prompt), len(q.prompt) / block_size) for q in step.items]
+    return max((t for t, _ in sized), default=0), max((k for _, k in sized), default=0.0), len(sized)
 
 
 def run_facts(profile: str, shrink: str) -> list[str]:

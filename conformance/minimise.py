@@ -1,0 +1,110 @@
+"""Minimise a failing scenario after Hypothesis: delta debugging on the resolved steps.
+
+Hypothesis shrinks the *choices* that generated a scenario. Some smaller scenarios are out of its reach:
+shortening one draw shifts every later draw, and a step whose lengths are drawn from a range (a `flood`
+of 100..200-token prompts) never goes below it. This pass works on the resolved steps themselves, where
+every prompt is explicit, and replays each candidate against the engine, keeping it while the same check
+still fails: drop steps, drop requests, cut every prompt to one common length, then cut prompts one by
+one. The result is what an engine developer reads first, so fewer tokens matter more than speed here.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from attrs import evolve
+
+from conformance.analysis import analyse
+from conformance.contract import Capabilities, Engine, EngineError
+from conformance.history import HistoryWriter, parse
+from conformance.oracle import Oracle
+from conformance.runner import ScenarioRunner, call_with_timeout
+from conformance.strategies import Batch, Step
+
+
+# Lengths around the usual block sizes (4, 16, 32): a hit needs a full block plus one token.
+COMMON_CUTS = (1, 2, 4, 5, 8, 9, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128)
+
+
+def still_fails(engine: Engine, caps: Capabilities, check: str, steps: Sequence[Step],
+                timeout_s: float = 300.0) -> bool:
+    """Replay `steps` on `engine` (the runner resets it first) and say whether `check` fails."""
+    writer = HistoryWriter(None)
+    writer.append("run_start", engine="minimise", engine_args={}, capabilities=caps)
+    oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
+    try:
+        ScenarioRunner(engine, writer, oracle, caps, timeout_s).run(list(steps), 0)
+    except EngineError:
+        return False  # a crash is another finding, not this one
+    return analyse(parse(writer.events), [check]).checks[check].status == "fail"
+
+
+def size(steps: Sequence[Step]) -> tuple[int, int, int]:
+    """(total prompt tokens, requests, steps): what minimisation drives down, in that order."""
+    requests = [q for s in steps if isinstance(s, Batch) for q in s.items]
+    return sum(len(q.prompt) for q in requests), len(requests), len(steps)
+
+
+def minimise(engine: Engine, caps: Capabilities, check: str, steps: Sequence[Step], *,
+             max_replays: int = 400, timeout_s: float = 300.0) -> list[Step]:
+    """The smallest scenario found (by `size`) on which `check` still fails; `steps` if it does not."""
+    best = list(steps)
+    replays = 0
+
+    def accept(candidate: list[Step]) -> bool:
+        nonlocal best, replays
+        if replays >= max_replays or size(candidate) >= size(best):
+            return False
+        replays += 1
+        if still_fails(engine, caps, check, candidate, timeout_s):
+            best = candidate
+            return True
+        return False
+
+    if not still_fails(engine, caps, check, best, timeout_s):
+        return best
+    progress = True
+    while progress and replays < max_replays:
+        progress = False
+        for candidate in _drop_steps(best):
+            progress |= accept(candidate)
+        for candidate in _drop_requests(best):
+            progress |= accept(candidate)
+        for cut in COMMON_CUTS:  # the shortest common prompt length that still fails
+            if accept(_map_prompts(best, lambda p, cut=cut: p[:cut])):
+                progress = True
+                break
+        for candidate in _cut_each_prompt(best):
+            progress |= accept(candidate)
+    return best
+
+
+def _drop_steps(steps: list[Step]):
+    for i in range(len(steps)):
+        yield steps[:i] + steps[i + 1:]
+
+
+def _drop_requests(steps: list[Step]):
+    for i, s in enumerate(steps):
+        if isinstance(s, Batch) and len(s.items) > 1:
+            for j in range(len(s.items)):
+                yield steps[:i] + [Batch(s.items[:j] + s.items[j + 1:])] + steps[i + 1:]
+
+
+def _map_prompts(steps: list[Step], f: Callable[[tuple[int, ...]], tuple[int, ...]]) -> list[Step]:
+    return [Batch(tuple(evolve(q, prompt=f(q.prompt) or q.prompt[:1]) for q in s.items))
+            if isinstance(s, Batch) else s for s in steps]
+
+
+def _cut_each_prompt(steps: list[Step]):
+    """Halve one prompt at a time, keeping its head or its tail (a shared prefix may sit at either end)."""
+    for i, s in enumerate(steps):
+        if not isinstance(s, Batch):
+            continue
+        for j, q in enumerate(s.items):
+            n = len(q.prompt)
+            for cut in (q.prompt[: n // 2], q.prompt[n // 2:], q.prompt[: n - 1]):
+                if cut and len(cut) < n:
+                    items = s.items[:j] + (evolve(q, prompt=cut),) + s.items[j + 1:]
+                    yield steps[:i] + [Batch(items)] + steps[i + 1:]
+
