@@ -93,7 +93,8 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
         steps = [step_from_json(s) for s in witness[0].steps()]
         if shrink:  # then minimise the resolved steps, where Hypothesis' shrinker cannot reach
             check = next((c for c in witness[1] if c in expected), witness[1][0])
-            steps = minimise(engine, history.capabilities, check, steps)
+            steps = minimise(lambda: ReferenceAdapter(**({"fault": fault} if fault else {})),
+                             history.capabilities, check, steps)
         prompt, blocks, requests = witness_size(steps, history.capabilities.block_size)
     return ZooRow(fault or "(none: control)", FAULTS[fault].bug_class if fault else "-", bool(failing),
                   first[1] if first else [], witness[1] if witness else [],

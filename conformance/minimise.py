@@ -26,9 +26,18 @@ from conformance.strategies import Batch, Step
 COMMON_CUTS = (1, 2, 4, 5, 8, 9, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128)
 
 
-def still_fails(engine: Engine, caps: Capabilities, check: str, steps: Sequence[Step],
+def still_fails(new_engine: Callable[[], Engine], caps: Capabilities, check: str, steps: Sequence[Step],
                 timeout_s: float = 300.0) -> bool:
-    """Replay `steps` on `engine` (the runner resets it first) and say whether `check` fails."""
+    """Replay `steps` on a fresh engine and say whether `check` fails. Fresh, not merely reset: a bug
+    that survives a reset (a stale memo) would otherwise let a witness lean on earlier replays."""
+    engine = new_engine()
+    try:
+        return _fails_on(engine, caps, check, steps, timeout_s)
+    finally:
+        engine.close()
+
+
+def _fails_on(engine: Engine, caps: Capabilities, check: str, steps: Sequence[Step], timeout_s: float) -> bool:
     writer = HistoryWriter(None)
     writer.append("run_start", engine="minimise", engine_args={}, capabilities=caps)
     oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
@@ -45,7 +54,7 @@ def size(steps: Sequence[Step]) -> tuple[int, int, int]:
     return sum(len(q.prompt) for q in requests), len(requests), len(steps)
 
 
-def minimise(engine: Engine, caps: Capabilities, check: str, steps: Sequence[Step], *,
+def minimise(new_engine: Callable[[], Engine], caps: Capabilities, check: str, steps: Sequence[Step], *,
              max_replays: int = 400, timeout_s: float = 300.0) -> list[Step]:
     """The smallest scenario found (by `size`) on which `check` still fails; `steps` if it does not."""
     best = list(steps)
@@ -56,12 +65,12 @@ def minimise(engine: Engine, caps: Capabilities, check: str, steps: Sequence[Ste
         if replays >= max_replays or size(candidate) >= size(best):
             return False
         replays += 1
-        if still_fails(engine, caps, check, candidate, timeout_s):
+        if still_fails(new_engine, caps, check, candidate, timeout_s):
             best = candidate
             return True
         return False
 
-    if not still_fails(engine, caps, check, best, timeout_s):
+    if not still_fails(new_engine, caps, check, best, timeout_s):
         return best
     progress = True
     while progress and replays < max_replays:

@@ -20,8 +20,10 @@ def padded_salt_leak() -> list:
 
 
 def test_minimiser_shrinks_a_padded_witness_and_keeps_it_failing():
-    engine = FakeDictEngine(bug="salt_leak")
-    caps = engine.capabilities()
+    def engine():
+        return FakeDictEngine(bug="salt_leak")
+
+    caps = engine().capabilities()
     steps = padded_salt_leak()
     assert still_fails(engine, caps, "isolation", steps)
     small = minimise(engine, caps, "isolation", steps)
@@ -32,8 +34,8 @@ def test_minimiser_shrinks_a_padded_witness_and_keeps_it_failing():
 
 
 def test_minimiser_leaves_a_passing_scenario_alone():
-    engine = FakeDictEngine()
-    caps = engine.capabilities()
+    engine = FakeDictEngine
+    caps = engine().capabilities()
     steps = padded_salt_leak()
     assert not still_fails(engine, caps, "isolation", steps)
     assert minimise(engine, caps, "isolation", steps) == steps
