@@ -48,6 +48,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from adapters.engine_args import int_arg
 from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
 
 # Tie tolerance tau, in logits. Measured (tests/test_adapter_llama_cpp.py, reports/llama_cpp/README.md):
@@ -67,15 +68,6 @@ CONFIG_SPACE = {
 }
 KNOBS = ("drafter", "k", "n_batch", "cache")
 
-
-def _int(name: str, value: Any, minimum: int = 1) -> int:
-    try:
-        v = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"engine argument {name}={value!r} is not an integer") from None
-    if v < minimum:
-        raise UsageError(f"engine argument {name}={v} must be >= {minimum}")
-    return v
 
 
 def _choice(name: str, value: Any, allowed: Sequence[str]) -> str:
@@ -191,10 +183,10 @@ class LlamaCppAdapter:
         from reference_engine import checkpoints
 
         self._ckpt = checkpoints
-        self.n_ctx = _int("n_ctx", n_ctx, 16)
+        self.n_ctx = int_arg("n_ctx", n_ctx, 16)
         self.kv_type = _choice("kv_type", kv_type, tuple(GGML_TYPE))
-        self.n_threads = _int("n_threads", n_threads)
-        self.seed = _int("seed", seed, 0)
+        self.n_threads = int_arg("n_threads", n_threads)
+        self.seed = int_arg("seed", seed, 0)
         try:
             self.tolerance = TOLERANCE if tolerance in (None, "") else float(tolerance)
         except ValueError:
@@ -271,7 +263,7 @@ class LlamaCppAdapter:
         if knob == "cache":
             return _choice("cache", value, CACHES)
         if knob in ("k", "n_batch"):
-            return _int(knob, value)
+            return int_arg(knob, value)
         raise UsageError(f"unknown llama_cpp knob {knob!r}; known: {', '.join(KNOBS)}")
 
     def configure(self, config: Mapping[str, Any]) -> None:

@@ -79,6 +79,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Mapping, Sequence
 
+from adapters.engine_args import bool_arg, num_arg
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 
 DEFAULT_TOLERANCE = 1e-3
@@ -87,23 +88,6 @@ LORAS = ("upper", "rot13")
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 
 
-def _bool(name: str, value: Any) -> bool:
-    s = str(value).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off", "none"):
-        return False
-    raise UsageError(f"engine argument {name}={value!r}: say true or false")
-
-
-def _num(name: str, value: Any, cast=float, lo: float = 0):
-    try:
-        v = cast(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"engine argument {name}={value!r} is not a number") from None
-    if v < lo:
-        raise UsageError(f"engine argument {name}={v} must be >= {lo}")
-    return v
 
 
 def free_port() -> int:
@@ -196,11 +180,11 @@ class OpenAIHttpAdapter:
         if revision not in checkpoints.REVISIONS:
             raise UsageError(f"revision={revision!r}: shipped revisions are {sorted(checkpoints.REVISIONS)}")
         self.serve, self.prompt_mode, self.revision = serve, prompt_mode, revision
-        self.block_size = int(_num("block_size", block_size, int, 1))
-        self.timeout = _num("timeout", timeout, float, 1)
-        self.startup_timeout = _num("startup_timeout", startup_timeout, float, 1)
-        self.tolerance = _num("tolerance", tolerance)
-        self.want_logprobs = _bool("logprobs", logprobs)
+        self.block_size = int(num_arg("block_size", block_size, int, 1))
+        self.timeout = num_arg("timeout", timeout, float, 1)
+        self.startup_timeout = num_arg("startup_timeout", startup_timeout, float, 1)
+        self.tolerance = num_arg("tolerance", tolerance)
+        self.want_logprobs = bool_arg("logprobs", logprobs)
         try:
             self.extra_body = json.loads(extra_body) if extra_body else {}
         except ValueError:
@@ -208,12 +192,12 @@ class OpenAIHttpAdapter:
         if not isinstance(self.extra_body, dict):
             raise UsageError("extra_body= must be a JSON object")
         self._effective_cache: dict[tuple, tuple] = {}
-        self.lora = _bool("lora", lora) and serve == "vllm"
+        self.lora = bool_arg("lora", lora) and serve == "vllm"
         self.loras = tuple(a for a in LORAS if (checkpoints.adapter_dir(a) / "adapter_model.safetensors").exists())
         self.lora = self.lora and bool(self.loras)
-        self.spec, self.k = spec, int(_num("k", k, int, 1))
+        self.spec, self.k = spec, int(num_arg("k", k, int, 1))
         self.budget = None if str(max_num_batched_tokens).lower() in ("none", "") else int(
-            _num("max_num_batched_tokens", max_num_batched_tokens, int, 32))
+            num_arg("max_num_batched_tokens", max_num_batched_tokens, int, 32))
         self.gguf = gguf
         self.label = name or (f"openai_http-{serve}" if serve else "openai_http")
         self.proc: subprocess.Popen | None = None
@@ -225,11 +209,11 @@ class OpenAIHttpAdapter:
         self.version = "unknown"
         self._ids_from_server = False  # set by the first (probe) completion: output ids exact, not re-encoded
         if serve:
-            base_url = self._start_server(int(_num("port", port, int, 0)))
+            base_url = self._start_server(int(num_arg("port", port, int, 0)))
         self.http = Http(base_url, self.timeout)
         try:
             self.model = model or ("kvparity" if serve else self._first_model())
-            self.salt = (serve == "vllm") if str(salt).lower() == "auto" else _bool("salt", salt)
+            self.salt = (serve == "vllm") if str(salt).lower() == "auto" else bool_arg("salt", salt)
             if str(adapters).lower() == "auto":
                 self.adapters = self.loras if self.lora else ()
             else:

