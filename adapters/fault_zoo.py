@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from conformance.analysis import example_failures, select_checks
 from conformance.history import load
 from conformance.minimise import minimise
 from conformance.runner import run_suite
-from conformance.strategies import Batch, Configure, step_from_json
+from conformance.strategies import Batch, Configure, step_from_json, step_to_json
 from reference_engine.faults import FAULTS
 
 
@@ -48,6 +49,7 @@ class ZooRow:
     seconds: float
     verdict: str
     expected_ok: bool
+    witness: dict | None = None  # a `kvparity replay` file: engine, arguments, check, minimised steps
 
 
 @contextlib.contextmanager
@@ -87,20 +89,23 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
             failing.append((ex, sorted({f.check for f in fails})))
     first = failing[0] if failing else None
     witness = failing[-1] if failing else None  # Hypothesis replays the shrunk example last
-    prompt = requests = blocks = None
+    prompt = requests = blocks = witness_file = None
     expected = FAULTS[fault].expected if fault else ()
     if witness is not None:
         steps = [step_from_json(s) for s in witness[0].steps()]
+        check = next((c for c in witness[1] if c in expected), witness[1][0])
         if shrink:  # then minimise the resolved steps, where Hypothesis' shrinker cannot reach
-            check = next((c for c in witness[1] if c in expected), witness[1][0])
             steps = minimise(lambda: ReferenceAdapter(**({"fault": fault} if fault else {})),
                              history.capabilities, check, steps)
         prompt, blocks, requests = witness_size(steps, history.capabilities.block_size)
+        witness_file = {"kvparity_witness": 1, "engine": "reference", "engine_args": {"fault": fault or "none"},
+                        "check": check,
+                        "steps": [step_to_json(s) for s in steps]}
     return ZooRow(fault or "(none: control)", FAULTS[fault].bug_class if fault else "-", bool(failing),
                   first[1] if first else [], witness[1] if witness else [],
                   (first[0].index + 1) if first else None, out.examples, prompt, blocks, requests,
                   time.monotonic() - started, out.verdict,
-                  not fault or bool(first and set(first[1] + witness[1]) & set(expected)))
+                  not fault or bool(first and set(first[1] + witness[1]) & set(expected)), witness_file)
 
 
 def witness_size(steps, default_block_size: int) -> tuple[int, float, int]:
@@ -148,8 +153,32 @@ def run_facts(profile: str, shrink: str) -> list[str]:
             f"- checkpoints (sha256 of the weights): {', '.join(digests) or '?'}"]
 
 
+def witness_path(report: str | Path, fault: str) -> Path:
+    """reports/fault-zoo.md -> reports/fault-zoo/witnesses/NAME.json"""
+    return Path(report).with_suffix("") / "witnesses" / f"{fault}.json"
+
+
+def describe_steps(steps: list[dict]) -> str:
+    """A witness in one line: each configuration, reset and batch, each request by its sizes."""
+    parts = []
+    for s in steps:
+        if s["step"] == "configure":
+            parts.append("config " + ", ".join(f"{k}={v}" for k, v in sorted(s["config"].items())))
+        elif s["step"] == "reset":
+            parts.append("reset")
+        else:
+            reqs = []
+            for q in s["requests"]:
+                ident = {k: v for k, v in (q.get("identity") or {}).items() if v is not None and (k, v) != ("revision", "a")}
+                reqs.append(f"{len(q.get('prompt', ()))}-token prompt, max_tokens {q['max_tokens']}"
+                            + (f", stop {list(q['stop_ids'])}" if q.get("stop_ids") else "")
+                            + (f", {', '.join(f'{k} {v}' for k, v in ident.items())}" if ident else ""))
+            parts.append("batch [" + "; ".join(reqs) + "]")
+    return " → ".join(parts)
+
+
 def render(rows: list[ZooRow], control: ZooRow | None, profile: str, facts: list[str] | None = None,
-           notes: str = "") -> str:
+           notes: str = "", out_path: str | Path = "reports/fault-zoo.md") -> str:
     faults = [r for r in rows]
     caught = [r for r in faults if r.caught]
     firsts = [r.examples_to_first_failure for r in caught if r.examples_to_first_failure]
@@ -171,6 +200,13 @@ def render(rows: list[ZooRow], control: ZooRow | None, profile: str, facts: list
         lines.append(f"| `{r.fault}` | {r.bug_class} | {', '.join(r.checks_first) or '**not caught**'} | "
                      f"{', '.join(r.checks_witness) or '-'} | {r.examples_to_first_failure or '-'} | {size} | "
                      f"{r.witness_requests if r.witness_requests is not None else '-'} | {r.seconds:.1f} |")
+    lines += ["", "## Witnesses", "",
+              "The minimised witness of each fault, replayable with one command (it prints FAILED while the "
+              "fault is on; `--engine-arg fault=none` prints FIXED):", ""]
+    for r in faults:
+        if r.witness is not None:
+            lines.append(f"- `{r.fault}` [{r.witness['check']}]: {describe_steps(r.witness['steps'])}. "
+                         f"`kvparity replay {witness_path(out_path, r.fault)}`")
     lines += ["", "## The faults", ""]
     for r in faults:
         f = FAULTS.get(r.fault)
@@ -210,9 +246,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"after {row.examples_to_first_failure} examples ({row.seconds:.1f}s)", file=sys.stderr, flush=True)
     budget = "off (--no-shrink)" if args.no_shrink else f"Hypothesis' shrinker, capped at {args.shrink_seconds:g} s per fault"
     notes = Path(args.notes).read_text() if args.notes else ""
-    text = render(rows, control, args.profile, run_facts(args.profile, budget), notes)
+    text = render(rows, control, args.profile, run_facts(args.profile, budget), notes, args.out)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
+    for r in rows:
+        if r.witness is not None:
+            path = witness_path(args.out, r.fault)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(r.witness, indent=1) + "\n")
     print(text)
     ok = all(r.caught for r in rows) and (control is None or control.verdict == "pass")
     return 0 if ok else 1

@@ -2,7 +2,8 @@
 
 Every engine knob is an engine argument (strings, as a command line gives them):
   ReferenceAdapter(block_size="16", num_blocks="256", prefix_cache="true", drafter="oracle", k="4",
-                   chunk_size="none", token_budget="4096", max_batch="64")
+                   chunk_size="none", token_budget="4096", max_batch="64", pool_tokens="none")
+(`pool_tokens`, when set, sizes the pool in tokens instead: num_blocks = pool_tokens / block_size.)
 and `configure` switches between points of `config_space` (a fresh engine each time, so no KV crosses
 configurations). The engine computes in float64 and declares tolerance 0: any divergence is a bug.
 
@@ -37,12 +38,17 @@ from reference_engine.errors import PoolExhaustedError, ReferenceEngineError
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.sequence import Identity as EngineIdentity
 
-KNOBS = ("block_size", "num_blocks", "prefix_cache", "drafter", "k", "chunk_size", "token_budget", "max_batch")
+KNOBS = ("block_size", "num_blocks", "prefix_cache", "drafter", "k", "chunk_size", "token_budget", "max_batch",
+         "pool_tokens")
 DEFAULTS = {"block_size": "16", "num_blocks": "256", "prefix_cache": "true", "drafter": "none", "k": "4",
-            "chunk_size": "none", "token_budget": "4096", "max_batch": "64"}
+            "chunk_size": "none", "token_budget": "4096", "max_batch": "64", "pool_tokens": "none"}
 CONFIG_SPACE = {
     "block_size": (16, 4, 32),  # the first value is what shrinking goes to: the declared default
-    "num_blocks": (256, 64),  # 64: small enough to evict (and preempt) at block size 4 and 16
+    # The pool in tokens, not blocks, so that its size means the same at every block size. 256 evicts
+    # (and preempts) under a flood of long prompts; 64 under two or three short requests, which is what
+    # makes an eviction witness small (so it comes before 256: shrinking prefers earlier values). A
+    # request cannot be longer than its pool (`context_limits`).
+    "pool_tokens": (4096, 64, 256),
     "drafter": ("none", "oracle", "adversarial", "draft", "ngram"),
     "k": (3, 1, 5),
     "chunk_size": ("none", 5, 16),
@@ -79,7 +85,10 @@ def engine_config(knobs: Mapping[str, Any]) -> EngineConfig:
     drafter = str(m["drafter"])
     if drafter not in ("none", *DRAFTERS):
         raise UsageError(f"drafter={drafter!r}: choose one of none, {', '.join(DRAFTERS)}")
-    return EngineConfig(block_size=int_arg("block_size", m["block_size"]), num_blocks=int_arg("num_blocks", m["num_blocks"]),
+    block_size = int_arg("block_size", m["block_size"])
+    pool_tokens = int_arg("pool_tokens", m["pool_tokens"], allow_none=True)
+    num_blocks = -(-pool_tokens // block_size) if pool_tokens else int_arg("num_blocks", m["num_blocks"])
+    return EngineConfig(block_size=block_size, num_blocks=num_blocks,
                         enable_prefix_cache=bool_arg("prefix_cache", m["prefix_cache"]), drafter=drafter,
                         k=int_arg("k", m["k"]),
                         chunk_size=int_arg("chunk_size", None if str(m["chunk_size"]) == "0" else m["chunk_size"],
@@ -122,7 +131,8 @@ class ReferenceAdapter:
             adapters=tuple(f"{name}@{digest}" for name in sorted(self.registry.adapters)
                            for digest in sorted(self.weights)),
             introspection=True, baseline_mode=True, tolerance=0.0,
-            config_space=CONFIG_SPACE, min_hit_prompt=c.block_size + 1)
+            config_space=CONFIG_SPACE, min_hit_prompt=c.block_size + 1,
+            context_limits={"pool_tokens": {str(v): v for v in CONFIG_SPACE["pool_tokens"]}})
 
     def configure(self, config: Mapping[str, Any]) -> None:
         self.config = engine_config({**self.defaults, **{k: str(v) for k, v in config.items()}})

@@ -126,6 +126,11 @@ class Capabilities:
     # memory / kv / prefix are cache knobs; anything else (chunk size, token budget, max batch) is
     # scheduling. A knob whose name contains "prefix" set to false/0/off disables the positive control.
     config_space: Mapping[str, tuple[Any, ...]] = field(factory=dict)
+    # Configurations that hold fewer tokens per request than `max_context`: knob -> {str(value): the most
+    # tokens (prompt + max_tokens) one request may take under it}. A KV pool of a few blocks is how an
+    # engine is made to evict under short requests, and it cannot hold a long one (vLLM refuses to start
+    # with max_model_len above its KV capacity); the strategies keep requests within it.
+    context_limits: Mapping[str, Mapping[str, int]] = field(factory=dict)
     # Shortest prompt (in tokens) that can produce a prefix hit at all (vLLM CPU: a full block + 1).
     min_hit_prompt: int = 2
     version: str = ""

@@ -4,8 +4,12 @@ Hypothesis shrinks the *choices* that generated a scenario. Some smaller scenari
 shortening one draw shifts every later draw, and a step whose lengths are drawn from a range (a `flood`
 of 100..200-token prompts) never goes below it. This pass works on the resolved steps themselves, where
 every prompt is explicit, and replays each candidate against the engine, keeping it while the same check
-still fails: drop steps, drop requests, cut every prompt to one common length, then cut prompts one by
-one. The result is what an engine developer reads first, so fewer tokens matter more than speed here.
+still fails: drop steps, drop requests, cut every prompt to one common length, cut prompts one by one,
+then drop whole blocks from one prompt or hand its tokens to the output (`max_tokens`). The last two keep
+the sequence's length modulo the block size, which a bug at a block boundary depends on (a block
+registered while its last slot holds a rejected draft fires only when a request ends exactly there),
+and which plain halving destroys. The result is what an engine developer reads first, so fewer tokens
+matter more than speed here.
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from typing import Callable, Sequence
 from attrs import evolve
 
 from conformance.analysis import analyse
-from conformance.contract import Capabilities, Engine, EngineError
+from conformance.checks_cache import config_block_size
+from conformance.contract import Capabilities, Engine, EngineError, UsageError
 from conformance.history import HistoryWriter, parse
 from conformance.oracle import Oracle
 from conformance.runner import ScenarioRunner, call_with_timeout
-from conformance.strategies import Batch, Step
+from conformance.strategies import MAX_NEW, Batch, Configure, Step
 
 
 # Lengths around the usual block sizes (4, 16, 32): a hit needs a full block plus one token.
@@ -45,6 +50,8 @@ def _fails_on(engine: Engine, caps: Capabilities, check: str, steps: Sequence[St
         ScenarioRunner(engine, writer, oracle, caps, timeout_s).run(list(steps), 0)
     except EngineError:
         return False  # a crash is another finding, not this one
+    except UsageError:
+        return False  # a candidate the engine declines (too long for it) is no witness
     return analyse(parse(writer.events), [check]).checks[check].status == "fail"
 
 
@@ -85,6 +92,10 @@ def minimise(new_engine: Callable[[], Engine], caps: Capabilities, check: str, s
                 break
         for candidate in _cut_each_prompt(best):
             progress |= accept(candidate)
+        for candidate in _keep_length_modulo_block(best, caps.block_size):
+            if accept(candidate):
+                progress = True
+                break  # the candidates were made from the old `best`
     return best
 
 
@@ -117,3 +128,24 @@ def _cut_each_prompt(steps: list[Step]):
                     items = s.items[:j] + (evolve(q, prompt=cut),) + s.items[j + 1:]
                     yield steps[:i] + [Batch(items)] + steps[i + 1:]
 
+
+
+def _keep_length_modulo_block(steps: list[Step], default_block_size: int):
+    """Shorten one prompt without changing where its sequence ends within a block: drop whole blocks
+    from its head or tail, or move its tail into the output (a longer `max_tokens`, never beyond what the
+    strategies draw: a witness must not hide its size in the output). Largest cuts first."""
+    bs = default_block_size
+    for i, s in enumerate(steps):
+        if isinstance(s, Configure):
+            bs = config_block_size(s.config, default_block_size)
+        if not isinstance(s, Batch):
+            continue
+        for j, q in enumerate(s.items):
+            n = len(q.prompt)
+            whole = [d for d in range(((n - 1) // bs) * bs, 0, -bs)]
+            cuts = [evolve(q, prompt=q.prompt[:n - d]) for d in whole] + [evolve(q, prompt=q.prompt[d:]) for d in whole]
+            cuts += [evolve(q, prompt=q.prompt[:n - d], max_tokens=q.max_tokens + d)
+                     for d in sorted({n - 1, n // 2, 1, *whole}, reverse=True)
+                     if 0 < d < n and q.max_tokens + d <= max(MAX_NEW, q.max_tokens)]
+            for cut in cuts:
+                yield steps[:i] + [Batch(s.items[:j] + (cut,) + s.items[j + 1:])] + steps[i + 1:]

@@ -62,8 +62,19 @@ class Batch:
 Step = Union[Configure, Reset, Batch]
 
 
-def max_prompt_len(caps: Capabilities) -> int:
-    return max(2, min(MAX_PROMPT, caps.max_context - MAX_NEW - 1))
+def max_prompt_len(caps: Capabilities, config: Mapping[str, Any] | None = None) -> int:
+    """The longest prompt to send: room for MAX_NEW tokens within the context, under `config` if given."""
+    return max(2, min(MAX_PROMPT, context_limit(caps, config) - MAX_NEW - 1))
+
+
+def context_limit(caps: Capabilities, config: Mapping[str, Any] | None = None) -> int:
+    """Tokens one request may take under `config`: `max_context`, or less where a knob value lowers it."""
+    limits = [caps.max_context]
+    for knob, value in (config or {}).items():
+        limit = caps.context_limits.get(knob, {}).get(str(value))
+        if limit is not None:
+            limits.append(int(limit))
+    return min(limits)
 
 
 def token_range(caps: Capabilities) -> tuple[int, int]:
@@ -96,9 +107,9 @@ def token_lists(caps: Capabilities, n: int) -> st.SearchStrategy[tuple[int, ...]
     return st.one_of(st.integers(0, 7), st.integers(8, 2**24)).map(lambda seed: seeded_tokens(caps, n, seed))
 
 
-def prompt_lengths(caps: Capabilities) -> st.SearchStrategy[int]:
+def prompt_lengths(caps: Capabilities, top: int | None = None) -> st.SearchStrategy[int]:
     """Mostly k * block_size + {-1, 0, +1}; sometimes anything. Never below 1 or above the cap."""
-    b, top = caps.block_size, max_prompt_len(caps)
+    b, top = caps.block_size, top or max_prompt_len(caps)
     near = st.builds(lambda k, d: k * b + d, st.integers(1, max(1, top // b)), st.sampled_from((0, 1, -1)))
     return st.one_of(near, st.integers(1, min(top, 3 * b))).map(lambda n: min(max(1, n), top))
 
@@ -193,7 +204,7 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
     ids = itertools.count()
 
     def fresh_request() -> Request:
-        length = draw(prompt_lengths(caps))
+        length = draw(prompt_lengths(caps, top))
         which = draw(st.integers(0, len(roots)))
         base = roots[which] if which < len(roots) else ()
         prompt = base[:length] if len(base) >= length else base + draw(token_lists(caps, length - len(base)))
@@ -204,6 +215,7 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
     if caps.config_space:
         steps.append(Configure(draw(configs(caps))))
         bs = int(steps[-1].config.get("block_size", bs))
+        top = max_prompt_len(caps, steps[-1].config)
     pool: list[Union[Request, Continuation]] = []
     for _ in range(draw(st.integers(min(2, max_steps), max_steps))):
         kind = draw(st.sampled_from(KINDS))
@@ -211,7 +223,7 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
         if kind == "resend" and pool:
             chosen = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_batch, unique_by=lambda p: p.id))
             order = draw(st.permutations(chosen))
-            items = tuple(_renamed(p, f"r{next(ids)}") for p in order)
+            items = tuple(_renamed(p, f"r{next(ids)}", top) for p in order)
         elif kind == "continue" and pool:
             parent = draw(st.sampled_from(pool))
             extra = draw(st.integers(1, caps.block_size + 1).flatmap(lambda n: token_lists(caps, n)))
@@ -260,10 +272,11 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
             # must not depend on the warm cache being gone.
             steps.append(Reset())
             chosen = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_batch, unique_by=lambda p: p.id))
-            items = tuple(_renamed(p, f"r{next(ids)}") for p in chosen)
+            items = tuple(_renamed(p, f"r{next(ids)}", top) for p in chosen)
         elif kind == "configure" and caps.config_space:
             steps.append(Configure(draw(configs(caps))))
             bs = int(steps[-1].config.get("block_size", caps.block_size))
+            top = max_prompt_len(caps, steps[-1].config)
             continue
         elif kind == "reset":
             steps.append(Reset())
@@ -276,10 +289,14 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
     return tuple(steps)
 
 
-def _renamed(item: Union[Request, Continuation], new_id: str) -> Union[Request, Continuation]:
+def _renamed(item: Union[Request, Continuation], new_id: str, top: int) -> Union[Request, Continuation]:
+    """`item` again under a new id, its prompt kept within `top` (a smaller configuration may hold less
+    than the one it was first sent under)."""
     from attrs import evolve
 
-    return evolve(item, id=new_id)
+    if isinstance(item, Continuation):
+        return evolve(item, id=new_id, max_prompt=min(item.max_prompt, top))
+    return evolve(item, id=new_id, prompt=item.prompt[:top])
 
 
 # --------------------------------------------------------------------------- (de)serialising steps

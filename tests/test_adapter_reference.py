@@ -16,7 +16,7 @@ def _shared_models(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs", [{"block_size": "0"}, {"k": "x"}, {"drafter": "magic"}, {"colour": "red"},
-                                    {"prefix_cache": "maybe"}])
+                                    {"prefix_cache": "maybe"}, {"pool_tokens": "-4"}])
 def test_bad_engine_arguments_are_usage_errors(kwargs):
     with pytest.raises(UsageError):
         ReferenceAdapter(**kwargs)
@@ -51,3 +51,21 @@ def test_configure_switches_knobs_and_rejects_unknown_ones():
         adapter.configure({"nope": 1})
     with pytest.raises(UsageError):
         adapter.run([Request("bad", (), 4)])
+
+
+@pytest.mark.parametrize("block_size", [4, 16, 32])
+def test_pool_tokens_sizes_the_pool_in_tokens_and_bounds_the_requests(block_size):
+    """A 64-token pool is 64 / block_size blocks; a request that fits `context_limits` runs (and
+    evicts under three of them); a longer one is a usage error naming the pool (its bound is one token
+    looser than the declared limit: the last output token needs no KV)."""
+    adapter = ReferenceAdapter()
+    adapter.configure({"pool_tokens": 64, "block_size": block_size})
+    assert adapter.config.num_blocks == 64 // block_size
+    limit = adapter.capabilities().context_limits["pool_tokens"]["64"]
+    assert limit == 64
+    reqs = [Request(f"r{i}", tuple(range(100 + 30 * i, 100 + 30 * i + limit - 16)), 16) for i in range(3)]
+    results = adapter.run(reqs)
+    assert [r.output for r in results] == [adapter.baseline(q).output for q in reqs]
+    assert adapter.engine.evictions > 0
+    with pytest.raises(UsageError, match="blocks"):
+        adapter.run([Request("long", tuple(range(100, 100 + limit - 14)), 16)])

@@ -3,9 +3,10 @@ still failing the same check; a passing scenario comes back unchanged."""
 
 from __future__ import annotations
 
+from adapters.reference import ReferenceAdapter
 from conformance.contract import Identity, Request
 from conformance.minimise import minimise, size, still_fails
-from conformance.strategies import Batch, Reset
+from conformance.strategies import Batch, Configure, Reset
 from fake_engine import FakeDictEngine
 
 SHARED = tuple(range(4, 40))  # 36 tokens: nine blocks of 4
@@ -39,3 +40,24 @@ def test_minimiser_leaves_a_passing_scenario_alone():
     steps = padded_salt_leak()
     assert not still_fails(engine, caps, "isolation", steps)
     assert minimise(engine, caps, "isolation", steps) == steps
+
+
+def test_minimiser_keeps_a_block_boundary_witness_at_its_boundary():
+    """`incomplete_block_cached` registers a block as soon as its tokens exist: with an oracle drafter it
+    shows when a request ends exactly at a block boundary with drafts written past max_tokens. Halving
+    the prompt moves the end off the boundary: this is the zoo's Hypothesis witness, on which the
+    minimiser stayed at 118 tokens before the length-modulo-block moves; dropping whole blocks, or
+    handing prompt tokens to the output, keeps the end where it was."""
+    def engine():
+        return ReferenceAdapter(fault="incomplete_block_cached")
+
+    caps = engine().capabilities()
+    steps = [Configure({"block_size": 16, "drafter": "oracle", "k": 3}),
+             Batch((Request("long", tuple(range(10, 128)), 10),))]  # 118 + 10 = 128 = 8 blocks
+    assert still_fails(engine, caps, "rollback_hygiene", steps)
+    small = minimise(engine, caps, "rollback_hygiene", steps)
+    assert still_fails(engine, caps, "rollback_hygiene", small)
+    [batch] = [s for s in small if isinstance(s, Batch)]
+    [q] = batch.items
+    assert len(q.prompt) <= 2 * 16 and q.max_tokens <= 16
+    assert (len(q.prompt) + q.max_tokens) % 16 == 0

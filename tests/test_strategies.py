@@ -1,0 +1,43 @@
+"""Strategies keep every request within the context its configuration holds (`context_limits`)."""
+
+from __future__ import annotations
+
+from attrs import evolve
+from hypothesis import HealthCheck, find, given, settings
+
+from conformance.contract import Capabilities
+from conformance.history import capabilities_from, encode
+from conformance.strategies import Batch, Configure, Continuation, scenarios
+
+CAPS = Capabilities(name="fake-limits", vocab_size=512, max_context=1024, block_size=16,
+                    config_space={"pool_tokens": (4096, 64)}, context_limits={"pool_tokens": {"64": 64}})
+
+
+def longest_under_small_pool(steps) -> int:
+    """The most tokens (prompt, or a continuation's prompt cap, + max_tokens) any request sent under
+    pool_tokens=64 may take."""
+    small, worst = False, 0
+    for s in steps:
+        if isinstance(s, Configure):
+            small = str(s.config.get("pool_tokens")) == "64"
+        elif isinstance(s, Batch) and small:
+            for q in s.items:
+                prompt = q.max_prompt if isinstance(q, Continuation) else len(q.prompt)
+                worst = max(worst, prompt + q.max_tokens)
+    return worst
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(scenarios(CAPS))
+def test_requests_fit_the_context_of_their_configuration(steps):
+    assert longest_under_small_pool(steps) <= 64
+
+
+def test_without_the_declared_limit_requests_overflow_the_small_pool():
+    """The other way round: the same space with no `context_limits` does send longer requests there."""
+    find(scenarios(evolve(CAPS, context_limits={})), lambda steps: longest_under_small_pool(steps) > 64,
+         settings=settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck)))
+
+
+def test_context_limits_survive_the_history_round_trip():
+    assert capabilities_from(encode(CAPS)).context_limits == {"pool_tokens": {"64": 64}}
