@@ -177,6 +177,28 @@ def describe_steps(steps: list[dict]) -> str:
     return " → ".join(parts)
 
 
+MAX_MEDIAN_EXAMPLES, MAX_WITNESS_BLOCKS = 30, 2  # the issue's bars
+
+
+def bars(rows: list[ZooRow], control: ZooRow | None) -> list[str]:
+    """The zoo's three bars, each met or not, with the faults that miss it named."""
+    def verdict(missed: list[str]) -> str:
+        return "**met**" if not missed else f"**not met** for {', '.join(f'`{m}`' for m in missed)}"
+
+    caught = [r for r in rows if r.caught]
+    firsts = [r.examples_to_first_failure for r in caught if r.examples_to_first_failure]
+    median = statistics.median(firsts) if firsts else None
+    big = [r.fault for r in rows if r.witness_blocks is None or r.witness_blocks > MAX_WITNESS_BLOCKS]
+    control_ok = control is None or control.verdict == "pass"
+    return [f"- caught by the `ci` profile, 100%: {verdict([r.fault for r in rows if not r.caught])} "
+            f"({len(caught)}/{len(rows)}; control {'passes' if control_ok else '**' + control.verdict + '**'})",
+            f"- median examples to first failure <= {MAX_MEDIAN_EXAMPLES}: "
+            f"{'**met**' if median is not None and median <= MAX_MEDIAN_EXAMPLES else '**not met**'} ({'-' if median is None else f'{median:g}'})",
+            f"- witnesses <= {MAX_WITNESS_BLOCKS} blocks of prompt tokens: {verdict(big)} "
+            f"({len(rows) - len(big)}/{len(rows)}; largest "
+            f"{max((r.witness_blocks or 0 for r in rows), default=0):.2g} blocks)"]
+
+
 def render(rows: list[ZooRow], control: ZooRow | None, profile: str, facts: list[str] | None = None,
            notes: str = "", out_path: str | Path = "reports/fault-zoo.md") -> str:
     faults = [r for r in rows]
@@ -200,6 +222,7 @@ def render(rows: list[ZooRow], control: ZooRow | None, profile: str, facts: list
         lines.append(f"| `{r.fault}` | {r.bug_class} | {', '.join(r.checks_first) or '**not caught**'} | "
                      f"{', '.join(r.checks_witness) or '-'} | {r.examples_to_first_failure or '-'} | {size} | "
                      f"{r.witness_requests if r.witness_requests is not None else '-'} | {r.seconds:.1f} |")
+    lines += ["", "## Bars", "", *bars(faults, control)]
     lines += ["", "## Witnesses", "",
               "The minimised witness of each fault, replayable with one command (it prints FAILED while the "
               "fault is on; `--engine-arg fault=none` prints FIXED):", ""]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import adapters.reference as ref
-from adapters.fault_zoo import measure
+from adapters.fault_zoo import ZooRow, bars, describe_steps, measure
 from conformance.contract import UsageError
 from reference_engine.engine import Engine
 from reference_engine.faults import FAULTS, apply_fault
@@ -80,3 +80,23 @@ def test_shrinking_reaches_a_small_witness(tmp_path):
         conjecture.MAX_SHRINKS = saved
     assert row.caught and "isolation" in row.checks_witness, row
     assert row.witness_blocks is not None and row.witness_blocks <= 2, row
+
+
+def _row(name: str, caught: bool, first: int | None, blocks: float | None) -> ZooRow:
+    return ZooRow(name, "A", caught, [], [], first, 100, 17, blocks, 2, 1.0, "fail" if caught else "pass", True)
+
+
+def test_bars_say_met_only_when_every_fault_meets_them():
+    good = bars([_row("a", True, 5, 1.1), _row("b", True, 9, 2.0)], None)
+    assert all("**met**" in line for line in good)
+    bad = bars([_row("a", True, 5, 1.1), _row("b", True, 40, 7.4), _row("c", False, None, None)], None)
+    assert "not met** for `c`" in bad[0] and "**met** (22.5)" in bad[1]
+    assert "not met** for `b`, `c`" in bad[2]
+
+
+def test_witness_is_described_in_one_line():
+    steps = [{"step": "configure", "config": {"block_size": 16}}, {"step": "reset"},
+             {"step": "batch", "requests": [{"prompt": [5] * 17, "max_tokens": 2, "stop_ids": [9],
+                                             "identity": {"revision": "a", "salt": "tenant-a"}}]}]
+    assert describe_steps(steps) == ("config block_size=16 → reset → batch [17-token prompt, max_tokens 2, "
+                                     "stop [9], salt tenant-a]")
