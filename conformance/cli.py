@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-examples", type=int, default=None, help="override the profile's example count")
     run.add_argument("--timeout", type=float, default=300.0, help="seconds per engine call before it counts as hung")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing example unshrunk (faster)")
+    run.add_argument("--minimise", action="store_true",
+                     help="after the run, minimise one witness per failed check on fresh engines (<case>.min.json); "
+                          "each replay builds an engine, so this is for engines that start fast")
 
     replay = sub.add_parser("replay", help="re-run a recorded failure: FIXED / FAILED / ERROR")
     replay.add_argument("case", help="path to a witness JSON file from a report's witnesses/ folder")
@@ -85,9 +88,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{name:22s} {r.status}" + (f"  ({r.notes[0]})" if r.notes and r.status != "pass" else ""))
     for e in a.errors:
         print(f"ERROR: {e}")
+    minimised: set[str] = set()
     for f in a.failures:
-        print(f"FAIL [{f.check}] {f.title} ({f.case_id}): kvparity replay "
-              f"{outcome.run_dir / 'witnesses' / (f.case_id + '.json')}")
+        witness = outcome.run_dir / "witnesses" / (f.case_id + ".json")
+        print(f"FAIL [{f.check}] {f.title} ({f.case_id}): kvparity replay {witness}")
+        if args.minimise and f.check not in minimised and witness.is_file():
+            from conformance.minimise import minimise_witness_file
+
+            minimised.add(f.check)
+            small = minimise_witness_file(witness, lambda: load_engine(args.engine, engine_args),
+                                          timeout_s=args.timeout)
+            print(f"  minimised: kvparity replay {small}" if small else "  minimised: nothing smaller still fails")
     print(f"{a.verdict.upper()}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}")
     return outcome.exit_code
 

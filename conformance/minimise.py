@@ -14,6 +14,8 @@ matter more than speed here.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Callable, Sequence
 
 from attrs import evolve
@@ -21,10 +23,10 @@ from attrs import evolve
 from conformance.analysis import analyse
 from conformance.checks_cache import config_block_size
 from conformance.contract import Capabilities, Engine, EngineError, UsageError
-from conformance.history import HistoryWriter, parse
+from conformance.history import HistoryWriter, capabilities_from, parse
 from conformance.oracle import Oracle
 from conformance.runner import ScenarioRunner, call_with_timeout
-from conformance.strategies import MAX_NEW, Batch, Configure, Step
+from conformance.strategies import MAX_NEW, Batch, Configure, Step, step_from_json, step_to_json
 
 
 # Lengths around the usual block sizes (4, 16, 32): a hit needs a full block plus one token.
@@ -97,6 +99,24 @@ def minimise(new_engine: Callable[[], Engine], caps: Capabilities, check: str, s
                 progress = True
                 break  # the candidates were made from the old `best`
     return best
+
+
+def minimise_witness_file(path: str | Path, new_engine: Callable[[], Engine], *, max_replays: int = 400,
+                          timeout_s: float = 300.0) -> Path | None:
+    """Minimise a witness file `kvparity run` wrote; the result goes beside it as `<case>.min.json` (the
+    original stays: it is what the run saw). None when nothing smaller still fails."""
+    path = Path(path)
+    data = json.loads(path.read_text())
+    steps = [step_from_json(s) for s in data["steps"]]
+    small = minimise(new_engine, capabilities_from(data["capabilities"]), data["check"], steps,
+                     max_replays=max_replays, timeout_s=timeout_s)
+    if size(small) >= size(steps):
+        return None
+    out = path.with_name(path.stem + ".min.json")
+    kept = {k: v for k, v in data.items() if k != "failure"}  # the failure text describes the original
+    out.write_text(json.dumps({**kept, "steps": [step_to_json(s) for s in small], "minimised_from": path.name},
+                              indent=1))
+    return out
 
 
 def _drop_steps(steps: list[Step]):

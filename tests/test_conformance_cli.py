@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
+from conformance.minimise import size
+from conformance.strategies import step_from_json
 from conformance.registry import load_engine, parse_engine_args
 from conformance.contract import UsageError
 
@@ -53,6 +55,19 @@ def test_run_buggy_engine_exits_1_and_replay_reproduces_then_fixed(tmp_path, cap
     assert capsys.readouterr().out.startswith("FIXED")
     assert main(["replay", str(witness), "--engine-arg", "bug=crash"]) == 3
     assert capsys.readouterr().out.startswith("ERROR")
+
+
+def test_minimise_writes_a_smaller_witness_that_still_fails(tmp_path, capsys):
+    assert cli(tmp_path, "--engine-arg", "bug=salt_leak", "--checks", "isolation", "--no-shrink", "--minimise") == 1
+    run_dir = only_run_dir(tmp_path)
+    out = capsys.readouterr().out
+    (small,) = (run_dir / "witnesses").glob("isolation-*.min.json")
+    assert f"minimised: kvparity replay {small}" in out
+    original = run_dir / "witnesses" / json.loads(small.read_text())["minimised_from"]
+    as_steps = [[step_from_json(s) for s in json.loads(p.read_text())["steps"]] for p in (small, original)]
+    assert size(as_steps[0]) < size(as_steps[1])
+    assert main(["replay", str(small)]) == 1
+    assert main(["replay", str(small), "--engine-arg", "bug=none"]) == 0
 
 
 def test_run_with_unexercised_claims_exits_2(tmp_path):
