@@ -224,8 +224,10 @@ def render(rows: list[ZooRow], control: ZooRow | None, profile: str, facts: list
                      f"{r.witness_requests if r.witness_requests is not None else '-'} | {r.seconds:.1f} |")
     lines += ["", "## Bars", "", *bars(faults, control)]
     lines += ["", "## Witnesses", "",
-              "The minimised witness of each fault, replayable with one command (it prints FAILED while the "
-              "fault is on; `--engine-arg fault=none` prints FIXED):", ""]
+              "The minimised witness of each fault, replayable with one command. It prints FAILED while the "
+              "fault is on; with `--engine-arg fault=none` it prints FIXED, or INCONCLUSIVE where only the "
+              "fault made the witness exercise its check (`hit_uncapped`: a 16-token prompt gets a hit only "
+              "when the hit may cover the last token):", ""]
     for r in faults:
         if r.witness is not None:
             lines.append(f"- `{r.fault}` [{r.witness['check']}]: {describe_steps(r.witness['steps'])}. "

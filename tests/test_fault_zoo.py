@@ -3,10 +3,13 @@ witness; the unfaulted engine passes; faults cost nothing when off."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import adapters.reference as ref
 from adapters.fault_zoo import ZooRow, bars, describe_steps, measure
+from conformance.cli import replay_case
 from conformance.contract import UsageError
 from reference_engine.engine import Engine
 from reference_engine.faults import FAULTS, apply_fault
@@ -100,3 +103,19 @@ def test_witness_is_described_in_one_line():
                                              "identity": {"revision": "a", "salt": "tenant-a"}}]}]
     assert describe_steps(steps) == ("config block_size=16 → reset → batch [17-token prompt, max_tokens 2, "
                                      "stop [9], salt tenant-a]")
+
+
+WITNESSES = sorted((Path(__file__).resolve().parent.parent / "reports" / "fault-zoo" / "witnesses").glob("*.json"))
+
+
+def test_every_fault_has_a_committed_witness():
+    assert {p.stem for p in WITNESSES} == set(FAULTS)
+
+
+@pytest.mark.parametrize("path", WITNESSES, ids=lambda p: p.stem)
+def test_committed_witness_fails_with_its_fault_and_not_without(path):
+    """The report's replay commands stay true: FAILED with the fault, never FAILED without it."""
+    word, _, detail = replay_case(path)
+    assert word == "FAILED", detail
+    word, _, detail = replay_case(path, {"fault": "none"})
+    assert word in ("FIXED", "INCONCLUSIVE"), detail
