@@ -49,6 +49,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from adapters.engine_args import int_arg
+from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
 
 # Tie tolerance tau, in logits. Measured (tests/test_adapter_llama_cpp.py, reports/llama_cpp/README.md):
@@ -212,8 +213,7 @@ class LlamaCppAdapter:
                     self.paths[f"lora:{name}"] = str(gguf_export.export_gguf(folder, out_dir))
             self.adapters = tuple(n for n in checkpoints.ADAPTERS if f"lora:{n}" in self.paths)
         self._llms: dict[tuple[str, str | None], Any] = {}
-        self._baselines: dict[tuple, Baseline] = {}
-        self._targets: dict[tuple[str, str | None], Any] = {}
+        self._oracle = ReferenceOracle(eos_id=2)
         self._caches: dict[Any, Any] = {}
         self._tmp_cache_dir: str | None = None
         self.config: dict[str, Any] = {}
@@ -309,16 +309,7 @@ class LlamaCppAdapter:
             self._tmp_cache_dir = None
 
     def baseline(self, request: Request) -> Baseline:
-        key = request.oracle_key()
-        if key not in self._baselines:
-            from reference_engine.baseline import greedy
-
-            ident = (request.identity.revision, request.identity.adapter)
-            if ident not in self._targets:
-                self._targets[ident] = self._ckpt.load_target(*ident)
-            g = greedy(self._targets[ident], request.prompt, request.max_tokens, request.stop_ids, 2)
-            self._baselines[key] = Baseline(g.output, g.finish_reason, g.margins, g.runner_up)
-        return self._baselines[key]
+        return self._oracle.baseline(request)
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         # llama-cpp-python serves one sequence at a time: a batch runs in arrival order.

@@ -80,6 +80,7 @@ import urllib.request
 from typing import Any, Mapping, Sequence
 
 from adapters.engine_args import bool_arg, num_arg
+from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 
 DEFAULT_TOLERANCE = 1e-3
@@ -204,7 +205,7 @@ class OpenAIHttpAdapter:
         self.log_path: pathlib.Path | None = None
         self._tokenizer = None
         self._pieces: dict[str, int] | None = None
-        self._models: dict[tuple, Any] = {}
+        self._oracle = ReferenceOracle(EOS)
         self.epoch = 0
         self.version = "unknown"
         self._ids_from_server = False  # set by the first (probe) completion: output ids exact, not re-encoded
@@ -381,17 +382,10 @@ class OpenAIHttpAdapter:
             self.epoch += 1
 
     def baseline(self, request: Request) -> Baseline:
-        from reference_engine.baseline import greedy
-
-        ident = request.identity
-        key = (ident.revision, ident.adapter)
-        model = self._models.get(key)
-        if model is None:
-            model = self._models[key] = self._ckpt.load_target(ident.revision, ident.adapter)
-        g = greedy(model, self.effective_prompt(request.prompt), request.max_tokens, request.stop_ids, EOS)
+        b = self._oracle.baseline(request, self.effective_prompt(request.prompt))
         if self.prompt_mode == "text" and not self._ids_from_server:
-            return self._through_text(Baseline(g.output, g.finish_reason, g.margins, g.runner_up))
-        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up)
+            return self._through_text(b)
+        return b
 
     def effective_prompt(self, prompt: Sequence[int]) -> tuple[int, ...]:
         """The token ids the server actually receives: the prompt itself, or encode(decode(prompt)) in text mode."""

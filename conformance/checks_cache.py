@@ -9,7 +9,7 @@ somewhere it must not (BUG_CLASSES A) or the count lies (E).
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from conformance.contract import Identity, Request, Result
 from conformance.checks import (Findings, batch_evicted, check, chunked, context_prose, lcp, occurrences,
@@ -145,26 +145,43 @@ SNAPSHOT_AT_REST = {"blocks_in_use": 0, "provisional_live": 0, "rejected_in_cach
 @check("rollback_hygiene", title="pool returns to its base after every batch", severity="high", bug_class="C",
        applies=lambda c: c.introspection)
 def rollback_hygiene(h: History) -> CheckResult:
-    """(white-box) No provisional or rejected KV survives a batch; the pool returns to its base."""
+    """(white-box) No provisional or rejected KV survives a batch; the pool returns to its base. Also
+    after a batch the engine failed: a leak often ends in a stall, and its snapshot names the leak."""
     f = Findings("rollback_hygiene")
     for b in h.batches():
-        snap = b.snapshot
-        if snap is None:
+        if b.snapshot is None:
             continue
         f.stats["snapshots"] += 1
-        problems = [f"{k}={snap[k]!r} (expected {v!r})" for k, v in SNAPSHOT_AT_REST.items()
-                    if k in snap and snap[k] != v]
-        if all(k in snap for k in ("free_blocks", "cached_blocks", "total_blocks")):
-            if int(snap["free_blocks"]) + int(snap["cached_blocks"]) != int(snap["total_blocks"]):
-                problems.append(f"free_blocks {snap['free_blocks']} + cached_blocks {snap['cached_blocks']} != "
-                                f"total_blocks {snap['total_blocks']}")
+        problems = pool_problems(b.snapshot)
         if problems:
             f.fail(b.example, "pool not back to base after a batch",
                    f"After batch {b.index} completed ({context_prose(b, b.results[0]) if b.results else ''}): "
                    + "; ".join(problems) + ". Provisional (rejected draft) KV or leaked blocks survive the batch.",
-                   {"batch": b.index, "snapshot": dict(snap), "config": b.config,
+                   {"batch": b.index, "snapshot": dict(b.snapshot), "config": b.config,
                     "requests": [request_json(q) for q in b.requests]})
+    for ex in h.examples:
+        for fb in ex.failed_batches:
+            f.stats["snapshots"] += 1
+            problems = pool_problems(fb.snapshot)
+            if problems:
+                f.fail(fb.example, "pool not back to base after a failed batch",
+                       f"Batch {fb.index} ({len(fb.requests)} requests; config {dict(fb.config)}) ended in an engine "
+                       f"error ({ex.errors[-1] if ex.errors else 'unknown'}), and the pool is not back to base: "
+                       + "; ".join(problems) + ". Blocks that outlive their requests are a leak; a leak ends in "
+                       "a stall once nothing more can be allocated.",
+                       {"batch": fb.index, "snapshot": dict(fb.snapshot), "config": dict(fb.config),
+                        "requests": [request_json(q) for q in fb.requests]})
     return f.result(f.stats["snapshots"] > 0, "introspection claimed but no snapshot recorded")
+
+
+def pool_problems(snap: Mapping[str, Any]) -> list[str]:
+    """What in a snapshot differs from the pool at rest (SNAPSHOT_AT_REST; free + cached = total)."""
+    problems = [f"{k}={snap[k]!r} (expected {v!r})" for k, v in SNAPSHOT_AT_REST.items() if k in snap and snap[k] != v]
+    if all(k in snap for k in ("free_blocks", "cached_blocks", "total_blocks")):
+        if int(snap["free_blocks"]) + int(snap["cached_blocks"]) != int(snap["total_blocks"]):
+            problems.append(f"free_blocks {snap['free_blocks']} + cached_blocks {snap['cached_blocks']} != "
+                            f"total_blocks {snap['total_blocks']}")
+    return problems
 
 
 def _caching_disabled(config) -> bool:

@@ -128,16 +128,19 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
         caps = call_with_timeout(engine.capabilities, timeout_s, "capabilities")
         writer.append("run_start", engine=name, engine_args=args, capabilities=caps)
         oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
+        crashed = None
         try:
             ScenarioRunner(engine, writer, oracle, caps, timeout_s).run(steps, 0)
         except EngineError as exc:
-            return "ERROR", 3, str(exc)
+            crashed = str(exc)
     finally:
         try:
             engine.close()
         except Exception:  # noqa: BLE001
             pass
     result = analyse(parse(writer.events), [check]).checks[check]
+    if crashed is not None and result.status != "fail":  # a crash fails the check only where it says so
+        return "ERROR", 3, crashed
     if result.status == "fail":
         return "FAILED", 1, result.failures[0].explanation
     if result.status == "pass":

@@ -10,7 +10,8 @@ Every line is one event, flushed and fsynced as it is written:
     reset      {snapshot?}                    engine.reset() returned (white-box: the pool at rest)
     batch      {requests, results, snapshot}  engine.run(requests) answered (snapshot: white-box, optional)
     baseline   {key, baseline}                the oracle's answer for one oracle key (memoized, written once)
-    error      {cause, requests?}             the engine crashed, hung or answered malformed
+    error      {cause, requests?, snapshot?}  the engine crashed, hung or answered malformed (snapshot:
+                                              white-box, the pool after a failed batch)
     run_end    {}                             the run finished normally
 
 Reading back turns events into contract value types and groups them into examples of batches, which is
@@ -171,12 +172,24 @@ class BatchRecord:
         return ((i, q, r) for i, (q, r) in enumerate(zip(self.requests, self.results)))
 
 
+@frozen
+class FailedBatch:
+    """A batch the engine failed (crash, hang, malformed answer) and a white-box snapshot taken after it."""
+
+    example: int
+    index: int  # the index it would have had among the example's batches
+    config: Mapping[str, Any]
+    requests: tuple[Request, ...] = field(converter=tuple)
+    snapshot: Mapping[str, Any] = field(factory=dict)
+
+
 @define
 class Example:
     index: int
     events: list[dict[str, Any]] = field(factory=list)
     batches: list[BatchRecord] = field(factory=list)
     errors: list[str] = field(factory=list)
+    failed_batches: list[FailedBatch] = field(factory=list)
 
     def steps(self) -> list[dict[str, Any]]:
         """The resolved steps of this example, replayable as they are (continuations already resolved)."""
@@ -274,6 +287,10 @@ def parse(events: Iterable[Mapping[str, Any]]) -> History:
             ex.events.append(dict(ev))
             ex.errors.append(str(ev.get("cause", "unknown error")))
             h.errors.append(str(ev.get("cause", "unknown error")))
+            if ev.get("snapshot"):
+                ex.failed_batches.append(FailedBatch(ex.index, len(ex.batches), config,
+                                                     [request_from(r) for r in ev.get("requests") or ()],
+                                                     ev["snapshot"]))
     return h
 
 

@@ -15,7 +15,6 @@ from typing import Any, Mapping
 from xml.sax.saxutils import escape, quoteattr
 
 from conformance.analysis import Analysis
-from conformance.checks import CHECKS
 from conformance.history import History, encode
 from conformance.verdicts import Failure
 
@@ -150,7 +149,7 @@ def junit_xml(results: Mapping[str, Any]) -> str:
     n_err = sum(c["status"] == "error" for c in checks.values()) + (1 if results["errors"] else 0)
     n_skip = sum(c["status"] in ("skip", "inconclusive") for c in checks.values())
     engine = str(results["run"].get("engine"))
-    out = [f'<?xml version="1.0" encoding="utf-8"?>',
+    out = ['<?xml version="1.0" encoding="utf-8"?>',
            f'<testsuite name={quoteattr("kvparity." + engine)} tests="{len(checks) + (1 if results["errors"] else 0)}" '
            f'failures="{n_fail}" errors="{n_err}" skipped="{n_skip}" time="{results["duration_s"]}">']
     for name, c in checks.items():

@@ -28,7 +28,7 @@ from conformance.analysis import Analysis, analyse, example_failures, select_che
 from conformance.contract import FINISH_REASONS, Capabilities, Engine, EngineError, Introspectable, Request, Result
 from conformance.history import HistoryWriter, encode, parse
 from conformance.oracle import Oracle
-from conformance.strategies import Batch, Configure, Continuation, Reset, Step, scenarios
+from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
 from conformance.verdicts import Failure
 
 T = TypeVar("T")
@@ -168,17 +168,30 @@ class ScenarioRunner:
         return pending
 
     def _guarded(self, pending: list[Request], action: Callable[[], Any]) -> None:
-        """Run an engine action; on any failure record an `error` event (with the requests in flight)
-        and raise EngineError with a one-line cause."""
+        """Run an engine action; on any failure record an `error` event (with the requests in flight and,
+        for a failed batch of an introspectable engine, a snapshot of its pool) and raise EngineError with
+        a one-line cause."""
         try:
             action()
         except EngineError as exc:
-            self.writer.append("error", cause=one_line(exc), requests=[encode(q) for q in pending])
+            self.writer.append("error", cause=one_line(exc), requests=[encode(q) for q in pending],
+                               snapshot=self._snapshot_after_failure(pending))
             raise
         except Exception as exc:  # noqa: BLE001 - anything unexpected is an engine error with a cause
             cause = f"{type(exc).__name__}: {one_line(exc)}"
-            self.writer.append("error", cause=cause, requests=[encode(q) for q in pending])
+            self.writer.append("error", cause=cause, requests=[encode(q) for q in pending],
+                               snapshot=self._snapshot_after_failure(pending))
             raise EngineError(cause) from exc
+
+    def _snapshot_after_failure(self, pending: list[Request]) -> dict[str, Any] | None:
+        """The pool after a batch the engine failed: a stall is often a leak's last symptom (blocks never
+        freed until nothing can be scheduled), and the snapshot says which. None when there is none."""
+        if not (pending and self.introspect):
+            return None
+        try:
+            return scalars(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - the error being recorded matters more than its snapshot
+            return None
 
     def reset(self) -> None:
         call_with_timeout(self.engine.reset, self.timeout_s, "reset")

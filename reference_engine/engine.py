@@ -42,7 +42,7 @@ from reference_engine.errors import BadRequestError, PoolExhaustedError, validat
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.prefix_cache import PrefixCache
 from reference_engine.scheduler import Scheduler, Work
-from reference_engine.sequence import Identity, Report, Sequence, Status
+from reference_engine.sequence import Identity, Report, Sequence
 
 __all__ = ["Engine", "EngineConfig", "Identity", "Report", "Request"]
 

@@ -308,6 +308,25 @@ def test_rollback_hygiene_fails_when_pool_not_back_to_base(bad):
     assert h.status("rollback_hygiene") == "fail"
 
 
+def _failed_batch(snapshot: dict) -> Crafted:
+    h = Crafted().batch((Q, res("q", [1])), snapshot=AT_REST)
+    h.w.append("error", cause="RuntimeError: scheduler made no progress", requests=[Q], snapshot=snapshot)
+    return h
+
+
+def test_rollback_hygiene_passes_a_failed_batch_whose_pool_is_back_at_rest():
+    """An engine error alone is the error verdict's business, not this check's."""
+    assert _failed_batch(AT_REST).status("rollback_hygiene") == "pass"
+
+
+def test_rollback_hygiene_fails_a_failed_batch_that_leaves_blocks_behind():
+    """A leak that ends in a stall: the engine errors, and the pool after it holds leaked blocks."""
+    (f,) = _failed_batch({**AT_REST, "blocks_in_use": 12, "free_blocks": 48}).failures("rollback_hygiene")
+    assert f.title == "pool not back to base after a failed batch"
+    assert "blocks_in_use=12" in f.explanation and "scheduler made no progress" in f.explanation
+    assert f.witness["requests"][0]["id"] == Q.id
+
+
 def test_rollback_hygiene_skipped_without_introspection():
     caps = Capabilities(name="t", vocab_size=64, max_context=256)
     assert Crafted(caps).batch((Q, res("q", [1]))).status("rollback_hygiene") == "skip"

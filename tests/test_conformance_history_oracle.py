@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from conformance.contract import Baseline, Capabilities, Identity, Request, Result
 from conformance.history import (HistoryWriter, capabilities_from, encode, load, read_events, request_from,

@@ -3,6 +3,7 @@ witness; the unfaulted engine passes; faults cost nothing when off."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,21 @@ def test_committed_witness_fails_with_its_fault_and_not_without(path):
     assert word == "FAILED", detail
     word, _, detail = replay_case(path, {"fault": "none"})
     assert word in ("FIXED", "INCONCLUSIVE"), detail
+
+
+def test_a_leak_that_stalls_the_engine_is_still_a_rollback_hygiene_failure(tmp_path):
+    """provisional_blocks_leaked in a 256-token pool: four 200-token prompts with an always-wrong drafter
+    leak until nothing can be scheduled, so the engine errors before any batch completes. The snapshot
+    the runner takes after the failed batch shows the leaked blocks: FAILED, not merely ERROR."""
+    prompts = [[4 + (7 * i + 3 * j) % 48 for j in range(200)] for i in range(4)]
+    witness = tmp_path / "stall.json"
+    witness.write_text(json.dumps({
+        "kvparity_witness": 1, "engine": "reference", "engine_args": {"fault": "provisional_blocks_leaked"},
+        "check": "rollback_hygiene",
+        "steps": [{"step": "configure", "config": {"block_size": 16, "pool_tokens": 256, "drafter": "adversarial",
+                                                   "k": 3}},
+                  {"step": "batch", "requests": [{"id": f"r{i}", "prompt": p, "max_tokens": 11}
+                                                 for i, p in enumerate(prompts)]}]}))
+    word, _, detail = replay_case(witness)
+    assert word == "FAILED" and "ended in an engine error" in detail and "no progress" in detail, detail
+    assert replay_case(witness, {"fault": "none"})[0] == "FIXED"
