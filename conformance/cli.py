@@ -88,19 +88,33 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{name:22s} {r.status}" + (f"  ({r.notes[0]})" if r.notes and r.status != "pass" else ""))
     for e in a.errors:
         print(f"ERROR: {e}")
-    minimised: set[str] = set()
+    minimised: dict[str, str] = {}
     for f in a.failures:
         witness = outcome.run_dir / "witnesses" / (f.case_id + ".json")
         print(f"FAIL [{f.check}] {f.title} ({f.case_id}): kvparity replay {witness}")
         if args.minimise and f.check not in minimised and witness.is_file():
-            from conformance.minimise import minimise_witness_file
-
-            minimised.add(f.check)
-            small = minimise_witness_file(witness, lambda: load_engine(args.engine, engine_args),
-                                          timeout_s=args.timeout)
-            print(f"  minimised: kvparity replay {small}" if small else "  minimised: nothing smaller still fails")
+            minimised[f.check] = line = minimise_line(witness, lambda: load_engine(args.engine, engine_args),
+                                                      args.timeout)
+            print(f"  minimised: {line}")
+    if minimised:  # the report was written before minimising: add what it found
+        with open(outcome.run_dir / "report.md", "a") as md:
+            md.write("\n## Minimised witnesses (`--minimise`)\n\n"
+                     + "".join(f"- `{check}`: {line}\n" for check, line in minimised.items()))
     print(f"{a.verdict.upper()}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}")
     return outcome.exit_code
+
+
+def minimise_line(witness: Path, new_engine, timeout_s: float) -> str:
+    """Minimise one witness file; say in one line what came of it."""
+    from conformance.minimise import minimise_witness_file, size
+    from conformance.strategies import step_from_json
+
+    small = minimise_witness_file(witness, new_engine, timeout_s=timeout_s)
+    if small is None:
+        return "nothing smaller still fails"
+    before, after = (size([step_from_json(s) for s in json.loads(p.read_text())["steps"]]) for p in (witness, small))
+    return (f"kvparity replay {small} (prompt tokens, requests, steps: {after[0]}, {after[1]}, {after[2]}; "
+            f"the run's witness: {before[0]}, {before[1]}, {before[2]})")
 
 
 def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,

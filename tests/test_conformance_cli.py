@@ -63,6 +63,7 @@ def test_minimise_writes_a_smaller_witness_that_still_fails(tmp_path, capsys):
     out = capsys.readouterr().out
     (small,) = (run_dir / "witnesses").glob("isolation-*.min.json")
     assert f"minimised: kvparity replay {small}" in out
+    assert f"kvparity replay {small}" in (run_dir / "report.md").read_text()
     original = run_dir / "witnesses" / json.loads(small.read_text())["minimised_from"]
     as_steps = [[step_from_json(s) for s in json.loads(p.read_text())["steps"]] for p in (small, original)]
     assert size(as_steps[0]) < size(as_steps[1])
