@@ -131,17 +131,6 @@ class GgufDraftModel(_drafter_base()):  # type: ignore[misc]
                 break
         return np.array(out, dtype=np.intc)
 
-    @staticmethod
-    def _check_config(c: Mapping[str, Any]) -> None:
-        """Refuse, as an engine error, a configuration llama-cpp-python 0.3.36 would answer by killing the
-        process: with a drafter, `generate` evals k + 1 tokens; `eval` splits them into n_batch chunks, and
-        sampling a position of an earlier chunk reads logits llama.cpp no longer holds:
-        GGML_ASSERT(logits != nullptr) in llama-sampler.cpp, SIGABRT (reports/llama_cpp, finding F3)."""
-        if c["drafter"] != "none" and c["k"] + 1 > c["n_batch"]:
-            raise EngineError(f"llama-cpp-python aborts (GGML_ASSERT logits != nullptr) when a draft round "
-                              f"k + 1 = {c['k'] + 1} exceeds n_batch = {c['n_batch']}; refused before it kills "
-                              f"the process (reports/llama_cpp/README.md, F3)")
-
     def reset(self) -> None:
         self.llm.reset()
 
