@@ -123,11 +123,8 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
 
     Returns (word, exit code, one-line detail): FIXED 0, FAILED 1, INCONCLUSIVE 2, ERROR 3.
     """
-    from conformance.analysis import analyse
-    from conformance.history import HistoryWriter, parse
-    from conformance.oracle import Oracle
     from conformance.registry import load_engine
-    from conformance.runner import ScenarioRunner, call_with_timeout
+    from conformance.runner import call_with_timeout, replay
     from conformance.strategies import step_from_json
 
     try:
@@ -137,22 +134,16 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
         raise UsageError(f"not a kvparity witness file: {path} ({exc})") from exc
     args = {**data.get("engine_args", {}), **(engine_args or {})}
     engine = load_engine(name, args)
-    writer = HistoryWriter(None)
     try:
         caps = call_with_timeout(engine.capabilities, timeout_s, "capabilities")
-        writer.append("run_start", engine=name, engine_args=args, capabilities=caps)
-        oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
-        crashed = None
-        try:
-            ScenarioRunner(engine, writer, oracle, caps, timeout_s).run(steps, 0)
-        except EngineError as exc:
-            crashed = str(exc)
+        result, crashed = replay(engine, caps, steps, check, timeout_s)
+    except EngineError as exc:  # capabilities() itself failed
+        return "ERROR", 3, str(exc)
     finally:
         try:
             engine.close()
         except Exception:  # noqa: BLE001
             pass
-    result = analyse(parse(writer.events), [check]).checks[check]
     if crashed is not None and result.status != "fail":  # a crash fails the check only where it says so
         return "ERROR", 3, crashed
     if result.status == "fail":

@@ -20,12 +20,10 @@ from typing import Callable, Sequence
 
 from attrs import evolve
 
-from conformance.analysis import analyse
 from conformance.checks_cache import config_block_size
-from conformance.contract import Capabilities, Engine, EngineError, UsageError
-from conformance.history import HistoryWriter, capabilities_from, parse
-from conformance.oracle import Oracle
-from conformance.runner import ScenarioRunner
+from conformance.contract import Capabilities, Engine
+from conformance.history import capabilities_from
+from conformance.runner import replay
 from conformance.strategies import MAX_NEW, Batch, Configure, Step, step_from_json, step_to_json
 
 
@@ -45,16 +43,10 @@ def still_fails(new_engine: Callable[[], Engine], caps: Capabilities, check: str
 
 
 def _fails_on(engine: Engine, caps: Capabilities, check: str, steps: Sequence[Step], timeout_s: float) -> bool:
-    writer = HistoryWriter(None)
-    writer.append("run_start", engine="minimise", engine_args={}, capabilities=caps)
-    oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
-    try:
-        ScenarioRunner(engine, writer, oracle, caps, timeout_s).run(list(steps), 0)
-    except EngineError:
-        pass  # a crash is another finding, unless the check fails on what was recorded (a leak's stall)
-    except UsageError:
-        return False  # a candidate the engine declines (too long for it) is no witness
-    return analyse(parse(writer.events), [check]).checks[check].status == "fail"
+    """A crash (a candidate the engine declines as too long, too) is another finding, unless the check
+    fails on what was recorded before it (a leak's stall)."""
+    result, _ = replay(engine, caps, steps, check, timeout_s)
+    return result.status == "fail"
 
 
 def size(steps: Sequence[Step]) -> tuple[int, int, int]:

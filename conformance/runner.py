@@ -29,7 +29,7 @@ from conformance.contract import FINISH_REASONS, Capabilities, Engine, EngineErr
 from conformance.history import HistoryWriter, encode, parse
 from conformance.oracle import Oracle
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
-from conformance.verdicts import Failure
+from conformance.verdicts import CheckResult, Failure
 
 T = TypeVar("T")
 
@@ -183,22 +183,25 @@ class ScenarioRunner:
                                snapshot=self._snapshot_after_failure(pending))
             raise EngineError(cause) from exc
 
+    def _snapshot(self) -> dict[str, Any] | None:
+        """The white-box snapshot's scalars, or None for an engine that is not introspectable."""
+        if not self.introspect:
+            return None
+        return scalars(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
+
     def _snapshot_after_failure(self, pending: list[Request]) -> dict[str, Any] | None:
         """The pool after a batch the engine failed: a stall is often a leak's last symptom (blocks never
         freed until nothing can be scheduled), and the snapshot says which. None when there is none."""
-        if not (pending and self.introspect):
+        if not pending:
             return None
         try:
-            return scalars(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
+            return self._snapshot()
         except Exception:  # noqa: BLE001 - the error being recorded matters more than its snapshot
             return None
 
     def reset(self) -> None:
         call_with_timeout(self.engine.reset, self.timeout_s, "reset")
-        snapshot = None
-        if self.introspect:
-            snapshot = scalars(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
-        self.writer.append("reset", snapshot=snapshot)
+        self.writer.append("reset", snapshot=self._snapshot())
 
     def resolve(self, item: Request | Continuation, resolved: Mapping[str, tuple[Request, Result]]) -> Request:
         if isinstance(item, Request):
@@ -218,14 +221,27 @@ class ScenarioRunner:
     def batch(self, requests: list[Request], resolved: dict[str, tuple[Request, Result]]) -> None:
         raw = call_with_timeout(lambda: self.engine.run(list(requests)), self.timeout_s, "run")
         results = validate_results(requests, raw, self.caps)
-        snapshot = None
-        if self.introspect:
-            snapshot = scalars(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
-        self.writer.append("batch", requests=requests, results=results, snapshot=snapshot)
+        self.writer.append("batch", requests=requests, results=results, snapshot=self._snapshot())
         for q, r in zip(requests, results):
             resolved[q.id] = (q, r)
         for q in requests:
             call_with_timeout(lambda q=q: self.oracle(q), self.timeout_s, "baseline")
+
+
+def replay(engine: Engine, caps: Capabilities, steps: Sequence[Step], check: str,
+           timeout_s: float = 300.0) -> tuple[CheckResult, str | None]:
+    """Run `steps` once on `engine` (one example, from a cold cache) and apply `check` to what was
+    recorded. Returns the check's result and the engine error that cut the run short, if one did: a
+    crash decides nothing by itself, but what was recorded before it (a failed batch's snapshot) may."""
+    writer = HistoryWriter(None)
+    writer.append("run_start", engine="replay", engine_args={}, capabilities=caps)
+    oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
+    crashed = None
+    try:
+        ScenarioRunner(engine, writer, oracle, caps, timeout_s).run(list(steps), 0)
+    except EngineError as exc:
+        crashed = str(exc)
+    return analyse(parse(writer.events), [check]).checks[check], crashed
 
 
 # --------------------------------------------------------------------------- the whole run
