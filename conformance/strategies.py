@@ -211,11 +211,16 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
         return Request(f"r{next(ids)}", prompt, draw(max_tokens(caps)), draw(stop_ids(caps)), draw(ident))
 
     steps: list[Step] = []
-    bs = caps.block_size  # the block size in effect (a Configure may change it)
-    if caps.config_space:
+    bs = caps.block_size  # the block size and longest prompt in effect (a Configure may change them)
+
+    def configure() -> None:
+        nonlocal bs, top
         steps.append(Configure(draw(configs(caps))))
-        bs = int(steps[-1].config.get("block_size", bs))
+        bs = int(steps[-1].config.get("block_size", caps.block_size))
         top = max_prompt_len(caps, steps[-1].config)
+
+    if caps.config_space:
+        configure()
     pool: list[Union[Request, Continuation]] = []
     for _ in range(draw(st.integers(min(2, max_steps), max_steps))):
         kind = draw(st.sampled_from(KINDS))
@@ -274,9 +279,7 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
             chosen = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_batch, unique_by=lambda p: p.id))
             items = tuple(_renamed(p, f"r{next(ids)}", top) for p in chosen)
         elif kind == "configure" and caps.config_space:
-            steps.append(Configure(draw(configs(caps))))
-            bs = int(steps[-1].config.get("block_size", caps.block_size))
-            top = max_prompt_len(caps, steps[-1].config)
+            configure()
             continue
         elif kind == "reset":
             steps.append(Reset())
