@@ -72,7 +72,11 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
     from adapters.reference import ReferenceAdapter
 
     started = time.monotonic()
-    engine = ReferenceAdapter(**({"fault": fault} if fault else {}))
+
+    def new_engine() -> ReferenceAdapter:
+        return ReferenceAdapter(**({"fault": fault} if fault else {}))
+
+    engine = new_engine()
     with tempfile.TemporaryDirectory() as db, shrink_budget(shrink_seconds):  # a fresh example database: no replay of old failures
         out = run_suite(engine, engine_name=f"reference-{fault or 'control'}",
                         engine_args={"fault": fault or "none"}, profile=profile,
@@ -82,9 +86,7 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
     names = select_checks(None)
     failing = []
     for ex in history.examples:
-        view = history.only(ex)
-        view.capabilities, view.baselines = history.capabilities, history.baselines
-        fails = example_failures(view, names)
+        fails = example_failures(history.only(ex), names)
         if fails:
             failing.append((ex, sorted({f.check for f in fails})))
     first = failing[0] if failing else None
@@ -95,8 +97,7 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
         steps = [step_from_json(s) for s in witness[0].steps()]
         check = next((c for c in witness[1] if c in expected), witness[1][0])
         if shrink:  # then minimise the resolved steps, where Hypothesis' shrinker cannot reach
-            steps = minimise(lambda: ReferenceAdapter(**({"fault": fault} if fault else {})),
-                             history.capabilities, check, steps)
+            steps = minimise(new_engine, history.capabilities, check, steps)
         prompt, blocks, requests = witness_size(steps, history.capabilities.block_size)
         witness_file = {"kvparity_witness": 1, "engine": "reference", "engine_args": {"fault": fault or "none"},
                         "check": check,
@@ -201,7 +202,7 @@ def bars(rows: list[ZooRow], control: ZooRow | None) -> list[str]:
 
 def render(rows: list[ZooRow], control: ZooRow | None, profile: str, facts: list[str] | None = None,
            notes: str = "", out_path: str | Path = "reports/fault-zoo.md") -> str:
-    faults = [r for r in rows]
+    faults = rows
     caught = [r for r in faults if r.caught]
     firsts = [r.examples_to_first_failure for r in caught if r.examples_to_first_failure]
     lines = ["# Fault zoo", "",

@@ -264,6 +264,9 @@ class LlamaCppAdapter:
         if new["drafter"] == "draft_model" and "draft" not in self.paths:
             raise UsageError("drafter=draft_model needs the tiny-draft checkpoint")
         self._check_config(new)
+        if new == self.config:  # every example starts with a configure: keep the loaded models, flush their state
+            self.reset()
+            return
         self._close_llms()
         self.config = new
         self._caches = {}

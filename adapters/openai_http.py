@@ -260,7 +260,6 @@ class OpenAIHttpAdapter:
             self.prompt_mode = "text"
         fd, log = tempfile.mkstemp(prefix=f"kvparity-{self.serve}-", suffix=".log")
         self.log_path = pathlib.Path(log)
-        self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         os.close(fd)

@@ -189,7 +189,6 @@ class VllmAdapter:
         self.version = getattr(vllm, "__version__", "unknown")
         self._engines: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self._oracle = ReferenceOracle(EOS)
-        self.starts = 0
         self.config = dict(self.defaults)
         # Start the default engine now (in the caller's thread), so a broken install fails at load time.
         self._engine(self.revisions[0])
@@ -308,14 +307,11 @@ class VllmAdapter:
                                             "model": str(self._ckpt.CHECKPOINTS / self._ckpt.DRAFT)}
         if self.lora:
             kwargs.update(enable_lora=True, max_lora_rank=8, max_loras=len(LORA_IDS))
-        t0 = time.monotonic()
         try:
             llm = self._vllm.LLM(**kwargs)
         except Exception as exc:  # noqa: BLE001
             raise EngineError(f"vLLM failed to start ({', '.join(f'{k}={v}' for k, v in c.items())}): "
                               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-        self.starts += 1
-        self.last_start_s = time.monotonic() - t0
         self._engines[key] = llm
         return llm
 

@@ -64,9 +64,6 @@ class Dist:
             return cls(0, None, None, None, None, None)
         return cls(len(xs), sum(xs) / len(xs), percentile(xs, 50), percentile(xs, 90), percentile(xs, 99), max(xs))
 
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
 
 @attrs.frozen
 class Ratio:

@@ -95,7 +95,6 @@ class Engine:
         self.live: dict[str, Sequence] = {}
         self.finished: dict[str, Report] = {}
         self.target_cost = 0  # target token-forwards, engine-wide: the cost clock
-        self._arrivals = 0
 
     # -- submission ---------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Iterable[int], max_tokens: int, stop_ids: Iterable[int] = (),
@@ -113,8 +112,7 @@ class Engine:
             raise PoolExhaustedError(f"request {request_id!r} needs up to {worst} blocks; the pool has "
                                      f"{self.pool.num_blocks}")
         seq = Sequence(request_id, prompt, int(max_tokens), frozenset(int(s) for s in stop_ids), identity,
-                       c.eos_token_id, self._arrivals)
-        self._arrivals += 1
+                       c.eos_token_id)
         seq.t_arrival, seq.cost_arrival = time.perf_counter(), self.target_cost
         seq.evictions_at_arrival = self.evictions
         self.finished.pop(request_id, None)

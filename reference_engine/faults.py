@@ -295,7 +295,3 @@ def _stale_count(engine, sched, original):
         return n
     return reported_cached_tokens
 
-
-def describe() -> list[dict[str, Any]]:
-    return [{"name": f.name, "class": f.bug_class, "replaces": f"{f.target}.{f.method}", "summary": f.summary,
-             "mechanism": f.mechanism, "expected": list(f.expected)} for f in FAULTS.values()]

@@ -108,9 +108,6 @@ class DenseKV:
         c = self.config
         return torch.zeros(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim, dtype=self.dtype)
 
-    def __len__(self) -> int:
-        return self.lengths[-1]
-
     def attend(self, layer, q, k, v, positions):
         start, t = self.lengths[layer], q.shape[0]
         if positions[0].item() != start:

@@ -4,74 +4,43 @@ LoRA adapters are merged into a copy of the target (checkpoints.merge_lora) so e
 same forward code; the engine then runs one forward per weights group in a step. An adapter *name* is
 bound to weights through `load_adapter`, and the binding can change (an in-place reload): the prefix
 cache keys on the weights digest, so stale KV of the old weights is never served under the new ones.
-
-Tests and the fault zoo can build a registry from in-memory models (`ModelRegistry.from_models`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
 from typing import Callable
 
 import torch
 
 from reference_engine import checkpoints
-from reference_engine.errors import UnknownAdapterError, UnknownRevisionError
+from reference_engine.errors import UnknownAdapterError
 from reference_engine.model import Llama
 from reference_engine.prefix_cache import CacheIdentity
 from reference_engine.sequence import Identity
 
 
-def tensor_digest(model: Llama) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().to(torch.float64).contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 class ModelRegistry:
     """Resolves identities to models and to the `CacheIdentity` the prefix cache keys on."""
 
-    def __init__(self, dtype: torch.dtype = torch.float64,
-                 revision_loader: Callable[[str], Llama] | None = None,
-                 revision_digests: dict[str, str] | None = None,
-                 adapters: dict[str, tuple[str, Callable[[Llama], Llama]]] | None = None,
-                 draft_loader: Callable[[], Llama] | None = None) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float64) -> None:
         self.dtype = dtype
-        self._revision_loader = revision_loader or (lambda r: checkpoints.load_target(r, None, dtype))
-        self._revision_digests = revision_digests
+        self._identities: dict[Identity, CacheIdentity] = {}  # memo; cleared when an adapter is rebound
         # adapter name -> (weights digest, merge function)
-        self.adapters: dict[str, tuple[str, Callable[[Llama], Llama]]] = dict(adapters or {})
-        if adapters is None:
-            for name in checkpoints.ADAPTERS:
-                if (checkpoints.adapter_dir(name) / "adapter_model.safetensors").exists():
-                    self.load_adapter(name, name)
-        self._draft_loader = draft_loader or (lambda: checkpoints.load_draft(dtype))
+        self.adapters: dict[str, tuple[str, Callable[[Llama], Llama]]] = {}
+        for name in checkpoints.ADAPTERS:
+            if (checkpoints.adapter_dir(name) / "adapter_model.safetensors").exists():
+                self.load_adapter(name, name)
+        self._draft_loader: Callable[[], Llama] = lambda: checkpoints.load_draft(dtype)
         self._models: dict[tuple, Llama] = {}
         self._base: dict[str, Llama] = {}
         self._draft: Llama | None = None
-        self._identities: dict[Identity, CacheIdentity] = {}  # memo; cleared when an adapter is rebound
-
-    @classmethod
-    def from_models(cls, revisions: dict[str, Llama], adapters: dict[str, Llama] | None = None,
-                    draft: Llama | None = None) -> "ModelRegistry":
-        """In-memory registry (tests): adapters are given as whole models (already merged)."""
-        digests = {r: tensor_digest(m) for r, m in revisions.items()}
-        merged = {name: (tensor_digest(m), (lambda _base, m=m: m)) for name, m in (adapters or {}).items()}
-        return cls(dtype=next(iter(revisions.values())).dtype, revision_loader=lambda r: revisions[r],
-                   revision_digests=digests, adapters=merged, draft_loader=(lambda: draft) if draft else None)
 
     # -- identities ---------------------------------------------------------------------------------
     def revisions(self) -> tuple[str, ...]:
-        return tuple(self._revision_digests) if self._revision_digests is not None else tuple(checkpoints.REVISIONS)
+        return tuple(checkpoints.REVISIONS)
 
     def revision_digest(self, revision: str) -> str:
-        if self._revision_digests is not None:
-            if revision not in self._revision_digests:
-                raise UnknownRevisionError(f"unknown revision {revision!r}; known: {sorted(self._revision_digests)}")
-            return self._revision_digests[revision]
         return checkpoints.revision_digest(revision)
 
     def load_adapter(self, name: str, source: str | pathlib.Path) -> str:
@@ -83,8 +52,7 @@ class ModelRegistry:
             raise UnknownAdapterError(f"no adapter weights at {weights}")
         digest = checkpoints.file_digest(weights)
         self.adapters[name] = (digest, lambda base, folder=folder: checkpoints.merge_lora(base, folder))
-        if hasattr(self, "_identities"):
-            self._identities.clear()
+        self._identities.clear()
         return digest
 
     def validate(self, identity: Identity) -> None:
@@ -112,7 +80,7 @@ class ModelRegistry:
     def base(self, revision: str) -> Llama:
         if revision not in self._base:
             self.revision_digest(revision)  # raises for unknown revisions
-            self._base[revision] = self._revision_loader(revision).to(self.dtype).eval()
+            self._base[revision] = checkpoints.load_target(revision, None, self.dtype).eval()
         return self._base[revision]
 
     def model(self, identity: Identity) -> Llama:

@@ -9,7 +9,6 @@ preemption, or the one new token of a decode, plus draft proposals). Provisional
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 import attrs
 
@@ -61,9 +60,6 @@ class Report:
     target_forwards: int  # this request's own target token-forwards
     draft_forwards: int  # this request's own draft-model token-forwards
 
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
 
 @attrs.define(eq=False)
 class Sequence:
@@ -73,7 +69,6 @@ class Sequence:
     stop_ids: frozenset[int]
     identity: Identity
     eos_id: int | None
-    arrival: int  # submission order, for FIFO admission and LIFO preemption
     tokens: list[int] = attrs.Factory(lambda self: list(self.prompt), takes_self=True)
     status: Status = Status.WAITING
     finish_reason: str | None = None

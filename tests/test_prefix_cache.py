@@ -52,7 +52,7 @@ def test_keys_are_chained_on_the_parent():
 
 
 def _seq(tokens, computed) -> Sequence:
-    s = Sequence("r", tuple(tokens), 4, frozenset(), Identity(), 2, 0)
+    s = Sequence("r", tuple(tokens), 4, frozenset(), Identity(), 2)
     s.num_computed = computed
     return s
 
