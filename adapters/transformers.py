@@ -186,7 +186,7 @@ class TransformersAdapter:
                                           max_batch_tokens=64, allow_block_sharing=True)
             hits: dict[str, int] = {}
             start = time.perf_counter()
-            with _count_hits(hits):
+            with count_prefix_hits(hits):
                 out = model.generate_batch([list(r.prompt) for r in group], generation_config=gen,
                                            continuous_batching_config=cb, progress_bar=False,
                                            persistent_manager=True, warmup=False)
@@ -242,7 +242,7 @@ def _count_drafts(tf, counts: dict[str, int]):
 
 
 @contextlib.contextmanager
-def _count_hits(hits: dict[str, int]):
+def count_prefix_hits(hits: dict[str, int]):
     """Observe prefix reuse: the paged cache says how many prompt tokens it served from shared blocks."""
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
 

@@ -14,8 +14,8 @@ import sys
 import torch
 from transformers import GenerationConfig, LlamaForCausalLM
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
-from transformers.generation.continuous_batching.cache import PagedAttentionCache
 
+from adapters.transformers import count_prefix_hits
 from reference_engine import checkpoints
 
 logging.disable(logging.WARNING)
@@ -24,22 +24,13 @@ PROMPT = [1] + list(range(100, 140))  # 41 tokens: two full blocks of 16
 
 
 def generate(model, max_new: int, eos: list[int], hits: dict | None = None) -> list[int]:
+    """One `generate_batch` call on PROMPT with a persistent manager; `hits` collects the prompt tokens
+    the paged cache served from shared blocks (per request id)."""
     gen = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=0)
     cb = ContinuousBatchingConfig(page_size=16, num_blocks=64, max_batch_tokens=64, allow_block_sharing=True)
-    original = PagedAttentionCache.search_prefix_match
-
-    def search(self, request_id, prompt_ids):
-        n = original(self, request_id, prompt_ids)
-        if hits is not None:
-            hits["cached"] = hits.get("cached", 0) + n
-        return n
-
-    PagedAttentionCache.search_prefix_match = search
-    try:
+    with count_prefix_hits(hits if hits is not None else {}):
         out = model.generate_batch([PROMPT], generation_config=gen, continuous_batching_config=cb,
                                    progress_bar=False, persistent_manager=True, warmup=False)
-    finally:
-        PagedAttentionCache.search_prefix_match = original
     return list(out.values())[0].generated_tokens
 
 
@@ -56,13 +47,13 @@ def prefill_only(model) -> bool:
     generate(model, 1, [2])                      # ends in its prefill step
     hits: dict = {}
     generate(model, 4, [2], hits)                # same prompt again, later call, same manager
-    print(f"repeat after a max_new_tokens=1 request: {hits.get('cached', 0)} cached tokens (32 were shareable)")
+    print(f"repeat after a max_new_tokens=1 request: {sum(hits.values())} cached tokens (32 were shareable)")
     model.destroy_cached_continuous_batching_manager()
     generate(model, 2, [2])                      # ends after one decode step
     hits = {}
     generate(model, 4, [2], hits)
-    print(f"repeat after a max_new_tokens=2 request: {hits.get('cached', 0)} cached tokens")
-    return hits.get("cached", 0) > 0
+    print(f"repeat after a max_new_tokens=2 request: {sum(hits.values())} cached tokens")
+    return sum(hits.values()) > 0
 
 
 def main(argv: list[str]) -> int:
