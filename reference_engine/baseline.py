@@ -46,7 +46,7 @@ def greedy(model: Llama, prompt, max_tokens: int, stop_ids=(), eos_id: int | Non
     eos = c.eos_token_id if eos_id is None else eos_id
     kv = DenseKV(c, dtype=model.dtype)
     ids = torch.tensor(list(prompt), dtype=torch.long)
-    logits = model(ids, torch.arange(len(ids)), kv)[-1]
+    logits = model(ids, torch.arange(len(ids)), kv, torch.tensor([len(ids) - 1]))[0]  # only the last row is sampled
     output, margins, runner_up = [], [], []
     stop = frozenset(int(s) for s in stop_ids)
     while True:

@@ -202,7 +202,7 @@ class Engine:
             for i in indices:
                 w = plan[i]
                 fed = w.seq.tokens[w.start:w.start + w.n] + w.drafts
-                if w.start + w.n >= len(w.seq.tokens):
+                if w.samples:
                     sampled.append((i, len(ids) + w.n - 1, len(ids) + len(fed)))
                 ids.extend(fed)
                 pos.append(self.positions(w.seq, w.start, len(fed)))
@@ -226,7 +226,7 @@ class Engine:
         seq, end = work.seq, work.start + work.n
         if not seq.prefill_done_once:
             seq.prefill_chunks += 1
-        if end < len(seq.tokens):  # a prefill chunk that does not reach the end: nothing to sample
+        if not work.samples:  # a prefill chunk that does not reach the end: nothing to sample
             self._computed(seq, work.start, end, end)
             return None
         seq.prefill_done_once = True

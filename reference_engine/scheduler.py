@@ -38,6 +38,12 @@ class Work:
     draft_slots: int = 0
     drafts: list[int] = attrs.Factory(list)
 
+    @property
+    def samples(self) -> bool:
+        """Whether it reaches the sequence's end (read before the step commits tokens): only then does
+        the target's next token get sampled; a prefill chunk short of the end samples nothing."""
+        return self.start + self.n >= len(self.seq.tokens)
+
 
 class Scheduler:
     def __init__(self, config: EngineConfig, pool: BlockPool, cache: PrefixCache | None,
@@ -80,11 +86,10 @@ class Scheduler:
         return plan
 
     def _plan_running(self, seq: Sequence, budget: int, preempted_now: set[str]) -> Work | None:
-        need = seq.num_uncomputed
-        if need == 1:
+        if seq.num_uncomputed == 1:
             n, slots = 1, self.draft_slots(seq, budget)
         else:
-            n, slots = min(need, self.config.chunk_size or need, budget), 0
+            n, slots = self.piece(seq, seq.num_computed, budget), 0
         while not self.reserve(seq, seq.num_computed + n + slots):
             if slots:
                 slots = 0
@@ -113,13 +118,11 @@ class Scheduler:
             for bid in hits:
                 self.cache.acquire(bid)
         start = len(hits) * self.pool.block_size
-        n = min(len(seq.tokens) - start, self.config.chunk_size or len(seq.tokens), budget)
-        needed = self.pool.blocks_for(start + n) - len(hits)
-        if needed > self.pool.num_available():
-            for bid in reversed(hits):
-                self.pool.release(bid)
+        n = self.piece(seq, start, budget)
+        seq.block_table = hits
+        if not self.reserve(seq, start + n):
+            self.release_blocks(seq)
             return None
-        seq.block_table = hits + [self.pool.allocate() for _ in range(needed)]
         seq.block_keys = keys
         seq.num_computed = start
         if not seq.admitted_once:
@@ -128,6 +131,11 @@ class Scheduler:
         seq.status = Status.RUNNING
         self.running.append(seq)
         return Work(seq, start, n, 0)
+
+    def piece(self, seq: Sequence, start: int, budget: int) -> int:
+        """How many tokens from `start` one prefill piece feeds: the rest, cut by the chunk size and budget."""
+        rest = len(seq.tokens) - start
+        return min(rest, self.config.chunk_size or rest, budget)
 
     def reported_cached_tokens(self, seq: Sequence, hit_tokens: int) -> int:
         """Cached tokens reported for a request: its first admission's prefix hit."""
