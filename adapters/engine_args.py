@@ -3,7 +3,7 @@ naming the argument, never a crash deep inside an engine."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from conformance.contract import UsageError
 
@@ -34,6 +34,14 @@ def int_arg(name: str, value: Any, lo: int = 1, allow_none: bool = False) -> int
     if allow_none and (value is None or str(value).strip().lower() in ("none", "off", "")):
         return None
     return num_arg(name, value, int, lo)
+
+
+def choice_arg(name: str, value: Any, allowed: Sequence[str]) -> str:
+    """One of `allowed` (compared in lower case)."""
+    s = str(value).lower()
+    if s not in allowed:
+        raise UsageError(f"engine argument {name}={value!r}: choose one of {', '.join(allowed)}")
+    return s
 
 
 def list_arg(value: Any) -> list[str]:

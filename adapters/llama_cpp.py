@@ -48,7 +48,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from adapters.engine_args import int_arg
+from adapters.engine_args import choice_arg, int_arg, num_arg
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
 
@@ -69,13 +69,6 @@ CONFIG_SPACE = {
 }
 KNOBS = ("drafter", "k", "n_batch", "cache")
 
-
-
-def _choice(name: str, value: Any, allowed: Sequence[str]) -> str:
-    s = str(value).lower()
-    if s not in allowed:
-        raise UsageError(f"engine argument {name}={value!r}: choose one of {', '.join(allowed)}")
-    return s
 
 
 def _import_llama_cpp():
@@ -174,20 +167,17 @@ class LlamaCppAdapter:
 
         self._ckpt = checkpoints
         self.n_ctx = int_arg("n_ctx", n_ctx, 16)
-        self.kv_type = _choice("kv_type", kv_type, tuple(GGML_TYPE))
+        self.kv_type = choice_arg("kv_type", kv_type, tuple(GGML_TYPE))
         self.n_threads = int_arg("n_threads", n_threads)
         self.seed = int_arg("seed", seed, 0)
-        try:
-            self.tolerance = TOLERANCE if tolerance in (None, "") else float(tolerance)
-        except ValueError:
-            raise UsageError(f"engine argument tolerance={tolerance!r} is not a number") from None
+        self.tolerance = TOLERANCE if tolerance in (None, "") else num_arg("tolerance", tolerance)
         self._defaults = {"drafter": drafter, "k": k, "n_batch": n_batch, "cache": cache}
         self._cache_dir_arg = cache_dir
         # shared: ONE LlamaRAMCache/LlamaDiskCache for every identity (what llama-cpp-python's server does:
         # every model with cache_type=disk opens the same default directory). identity: one cache per
         # identity (the workaround), so the rest of the suite can be judged without the known leak.
-        self.cache_scope = _choice("cache_scope", cache_scope, ("shared", "identity"))
-        lora_mode = _choice("lora", lora, ("auto", "off"))
+        self.cache_scope = choice_arg("cache_scope", cache_scope, ("shared", "identity"))
+        lora_mode = choice_arg("lora", lora, ("auto", "off"))
         # Export (idempotent, digest-named) every shipped checkpoint this adapter can use.
         out_dir = pathlib.Path(gguf_dir) if gguf_dir else None
         self.paths: dict[str, str] = {}
@@ -248,9 +238,9 @@ class LlamaCppAdapter:
 
     def _parse_knob(self, knob: str, value: Any) -> Any:
         if knob == "drafter":
-            return _choice("drafter", value, DRAFTERS)
+            return choice_arg("drafter", value, DRAFTERS)
         if knob == "cache":
-            return _choice("cache", value, CACHES)
+            return choice_arg("cache", value, CACHES)
         if knob in ("k", "n_batch"):
             return int_arg(knob, value)
         raise UsageError(f"unknown llama_cpp knob {knob!r}; known: {', '.join(KNOBS)}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from adapters.engine_args import int_arg, bool_arg
+from adapters.engine_args import bool_arg, choice_arg, int_arg
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 from reference_engine import checkpoints
 from reference_engine.baseline import greedy
@@ -82,9 +82,7 @@ def engine_config(knobs: Mapping[str, Any]) -> EngineConfig:
     if unknown:
         raise UsageError(f"unknown reference engine argument(s) {sorted(unknown)}; known: {', '.join(KNOBS)}")
     m = {**DEFAULTS, **{k: v for k, v in knobs.items()}}
-    drafter = str(m["drafter"])
-    if drafter not in ("none", *DRAFTERS):
-        raise UsageError(f"drafter={drafter!r}: choose one of none, {', '.join(DRAFTERS)}")
+    drafter = choice_arg("drafter", m["drafter"], ("none", *DRAFTERS))
     block_size = int_arg("block_size", m["block_size"])
     pool_tokens = int_arg("pool_tokens", m["pool_tokens"], allow_none=True)
     num_blocks = -(-pool_tokens // block_size) if pool_tokens else int_arg("num_blocks", m["num_blocks"])

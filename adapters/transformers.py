@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from adapters.engine_args import int_arg
+from adapters.engine_args import choice_arg, int_arg, list_arg
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 from reference_engine import checkpoints
@@ -42,10 +42,8 @@ class TransformersAdapter:
         except ImportError as e:  # pragma: no cover - exercised only without the extra
             raise UsageError("the transformers adapter needs `pip install kvparity[hf]`") from e
         self._tf = transformers
-        if dtype not in ("float64", "float32"):
-            raise UsageError(f"engine argument dtype={dtype!r}: choose float64 or float32")
-        self.dtype = getattr(torch, dtype)
-        self.modes = tuple(m for m in modes.split(",") if m)
+        self.dtype = getattr(torch, choice_arg("dtype", dtype, ("float64", "float32")))
+        self.modes = tuple(list_arg(modes))
         if not self.modes or set(self.modes) - set(MODES):
             raise UsageError(f"engine argument modes={modes!r}: a comma-separated subset of {', '.join(MODES)}")
         self.defaults = {"mode": mode, "k": int_arg("k", k), "page_size": int_arg("page_size", page_size),
@@ -84,8 +82,7 @@ class TransformersAdapter:
         if unknown:
             raise UsageError(f"unknown transformers config {sorted(unknown)}; known: {sorted(self.defaults)}")
         merged = {**self.defaults, **config}
-        if merged["mode"] not in MODES:
-            raise UsageError(f"mode={merged['mode']!r}: choose one of {', '.join(MODES)}")
+        merged["mode"] = choice_arg("mode", merged["mode"], MODES)
         self.config = merged
         self.reset()
 

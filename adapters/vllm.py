@@ -45,7 +45,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from adapters.engine_args import int_arg, bool_arg, list_arg
+from adapters.engine_args import bool_arg, int_arg, list_arg, num_arg
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 
@@ -171,10 +171,7 @@ class VllmAdapter:
         self.dtype = dtype
         self.kv_space_gb = int_arg("kv_space_gb", kv_space_gb)
         self.seed = int_arg("seed", seed, lo=0)
-        try:
-            self.tolerance = float(tolerance)
-        except ValueError:
-            raise UsageError(f"tolerance={tolerance!r} is not a number") from None
+        self.tolerance = num_arg("tolerance", tolerance)
         self.want_logprobs = bool_arg("logprobs", logprobs)
         self.model_dir = model_dir
         # kvparity batches hold <= 4 requests; a small max_num_seqs also satisfies vLLM's LoRA + speculation
