@@ -17,6 +17,7 @@ The engine is started once per configuration (in a spawned process: this module 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import shutil
@@ -25,7 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from adapters.reference_oracle import ReferenceOracle
 from adapters.vllm import EOS, LORA_IDS, prepare_environment, top2_from_logprobs
+from conformance.contract import Baseline, Identity, Request
 
 TAU = 1e-3
 
@@ -53,18 +56,24 @@ def prompts(n: int, seed: int = 0, lo: int = 20, hi: int = 150) -> list[list[int
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _oracle() -> ReferenceOracle:
+    return ReferenceOracle(EOS)  # one set of loaded reference models for every probe of a run
+
+
 class Baselines:
+    """Plain greedy decoding by the reference model (the adapters' ReferenceOracle), memoised per request:
+    several probes ask for the same baselines again."""
+
     def __init__(self) -> None:
-        self.models = {}
+        self.memo: dict[tuple, Baseline] = {}
 
-    def __call__(self, prompt, max_tokens, stop_ids=(), revision="a", adapter=None):
-        from reference_engine import checkpoints
-        from reference_engine.baseline import greedy
-
-        key = (revision, adapter)
-        if key not in self.models:
-            self.models[key] = checkpoints.load_target(revision, adapter)
-        return greedy(self.models[key], prompt, max_tokens, stop_ids, EOS)
+    def __call__(self, prompt, max_tokens, stop_ids=(), revision="a", adapter=None) -> Baseline:
+        key = (tuple(prompt), max_tokens, tuple(stop_ids), revision, adapter)
+        if key not in self.memo:
+            request = Request("probe", tuple(prompt), max_tokens, tuple(stop_ids), Identity(revision, adapter))
+            self.memo[key] = _oracle().baseline(request)
+        return self.memo[key]
 
 
 def compare(base, got: list[int], tau: float = TAU) -> tuple[str, int | None, float | None]:

@@ -36,7 +36,6 @@ import contextlib
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ import urllib.request
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from adapters.gguf_export import export_gguf  # noqa: E402
+from adapters.openai_http import free_port  # noqa: E402
 from reference_engine import checkpoints  # noqa: E402
 from reference_engine.baseline import greedy  # noqa: E402
 from reference_engine.training.measure import prompts  # noqa: E402
@@ -90,14 +90,8 @@ def cache_cross_revision(n: int, disk: bool) -> dict:
             "prompts": n, "outputs_changed": len(changed), "examples": changed[:3]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve_and_complete(rev: str, cwd: str, cache: bool, texts: list[str]) -> list[str]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(export_gguf(checkpoints.REVISIONS[rev])),
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512", "--type_k", "0", "--type_v", "0",
            "--n_threads", "1"]
