@@ -44,8 +44,12 @@ class Block:
     rejected_slots: set[int] = attrs.field(factory=set)
     provisional: bool = False  # allocated for draft positions and not yet settled by verification
 
-    def reset(self) -> None:
+    def unregister(self) -> None:
+        """No longer a cache entry: its KV stays until the block is freed."""
         self.key, self.identity, self.tokens = None, None, ()
+
+    def reset(self) -> None:
+        self.unregister()
         self.rejected_slots.clear()
         self.provisional = False
 
@@ -110,7 +114,11 @@ class BlockPool:
         block.provisional = False
         if block.key is not None and self.cache is not None and self.cache.park(bid):
             return
-        block.reset()
+        self.recycle(bid)
+
+    def recycle(self, bid: int) -> None:
+        """An unreferenced block back to the free list, its KV garbage from now on."""
+        self.blocks[bid].reset()
         self.free.append(bid)
 
     # -- white-box ----------------------------------------------------------------------------------

@@ -152,9 +152,7 @@ class PrefixCache:
         """Drop every cached block. Referenced ones lose their key (freed when released)."""
         for bid in list(self.lru):
             self.lru.pop(bid)
-            self.pool.blocks[bid].reset()
-            self.pool.free.append(bid)
+            self.pool.recycle(bid)
         for bid in self.table.values():
-            block = self.pool.blocks[bid]
-            block.key, block.identity, block.tokens = None, None, ()
+            self.pool.blocks[bid].unregister()
         self.table.clear()
