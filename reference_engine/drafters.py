@@ -169,10 +169,9 @@ DRAFTERS = {"draft": DraftModelDrafter, "ngram": NgramDrafter, "oracle": OracleD
             "adversarial": AdversarialDrafter}
 
 
-def make_drafter(name: str | None, registry: ModelRegistry, k: int) -> Drafter | None:
-    if name in (None, "none"):
+def make_drafter(name: str, registry: ModelRegistry, k: int) -> Drafter | None:
+    """The drafter `name` names (EngineConfig has checked it), or None for "none"."""
+    if name == "none":
         return None
-    if name not in DRAFTERS:
-        raise ValueError(f"unknown drafter {name!r}; choose from none, {', '.join(DRAFTERS)}")
     cls = DRAFTERS[name]
     return cls(registry, k) if issubclass(cls, OracleDrafter) else cls(registry)

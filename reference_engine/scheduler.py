@@ -105,7 +105,7 @@ class Scheduler:
 
     def draft_slots(self, seq: Sequence, budget: int) -> int:
         """Draft positions a decode may use: k, cut by the budget and the model's context."""
-        if not self.config.k or self.config.drafter in (None, "none"):
+        if self.config.drafter == "none":
             return 0
         room = self.max_context - len(seq.tokens)
         return max(0, min(self.config.k, budget - 1, room))
