@@ -101,7 +101,11 @@ class Engine:
                     identity: Identity | None = None) -> None:
         """Validate and queue a request. Raises a named error (errors.py) and changes nothing if bad."""
         identity = identity or Identity()
-        prompt = tuple(prompt)
+        self.check_request(request_id, tuple(prompt), max_tokens, identity)
+        self._enqueue(request_id, tuple(prompt), max_tokens, stop_ids, identity)
+
+    def check_request(self, request_id: str, prompt: tuple[int, ...], max_tokens: int, identity: Identity) -> None:
+        """Raise the named error `add_request` would raise for this request; changes nothing."""
         c = self.model_config
         validate_prompt(prompt, max_tokens, c.vocab_size, c.max_position_embeddings)
         if request_id in self.live:
@@ -111,6 +115,10 @@ class Engine:
         if worst > self.pool.num_blocks:
             raise PoolExhaustedError(f"request {request_id!r} needs up to {worst} blocks; the pool has "
                                      f"{self.pool.num_blocks}")
+
+    def _enqueue(self, request_id: str, prompt: tuple[int, ...], max_tokens: int, stop_ids: Iterable[int],
+                 identity: Identity) -> None:
+        c = self.model_config
         seq = Sequence(request_id, prompt, int(max_tokens), frozenset(int(s) for s in stop_ids), identity,
                        c.eos_token_id)
         seq.t_arrival, seq.cost_arrival = time.perf_counter(), self.target_cost
@@ -118,6 +126,20 @@ class Engine:
         self.finished.pop(request_id, None)
         self.live[request_id] = seq
         self.scheduler.add(seq)
+
+    def add_batch(self, requests: list[Request]) -> None:
+        """Queue a batch all or nothing: every request is checked (ids against each other too) before
+        any is queued. A refused batch therefore leaves no sibling live — otherwise the good requests
+        queued before the bad one would hold the pool and collide with the ids of the caller's next
+        batch (a retry, or the next example of a conformance run)."""
+        seen: set[str] = set()
+        for r in requests:
+            if r.request_id in seen:
+                raise BadRequestError(f"duplicate request id {r.request_id!r} within one batch")
+            seen.add(r.request_id)
+            self.check_request(r.request_id, r.prompt, r.max_tokens, r.identity)
+        for r in requests:
+            self._enqueue(r.request_id, r.prompt, r.max_tokens, r.stop_ids, r.identity)
 
     def abort(self, request_id: str) -> Report | None:
         """Stop a request now; its blocks go back (committed full blocks stay cached)."""
@@ -161,9 +183,9 @@ class Engine:
         return out
 
     def generate(self, requests: list[Request]) -> list[Report]:
-        """Submit in list order (arrival order), run to completion, reports in the same order."""
-        for r in requests:
-            self.add_request(r.request_id, r.prompt, r.max_tokens, r.stop_ids, r.identity)
+        """Submit in list order (arrival order), all or nothing (`add_batch`), run to completion; reports in
+        the same order."""
+        self.add_batch(requests)
         self.run()
         return [self.finished[r.request_id] for r in requests]
 

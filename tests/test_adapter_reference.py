@@ -69,3 +69,18 @@ def test_pool_tokens_sizes_the_pool_in_tokens_and_bounds_the_requests(block_size
     assert adapter.engine.evictions > 0
     with pytest.raises(UsageError, match="blocks"):
         adapter.run([Request("long", tuple(range(100, 100 + limit - 14)), 16)])
+
+
+def test_a_refused_batch_leaves_nothing_live_and_its_ids_can_be_sent_again():
+    """Through the contract: a batch with one request too long for the 64-token pool is refused as a
+    whole (a usage error), the engine holds none of its requests, and the same ids run next."""
+    adapter = ReferenceAdapter()
+    adapter.configure({"pool_tokens": 64, "block_size": 16})
+    good, long = Request("s0", tuple(range(100, 120)), 4), Request("s1", tuple(range(100, 160)), 16)
+    with pytest.raises(UsageError, match="blocks"):
+        adapter.run([good, long])
+    snap = adapter.snapshot()
+    assert snap["live_requests"] == [] and snap["blocks_in_use"] == 0
+    results = adapter.run([good, Request("s1", tuple(range(200, 220)), 4)])
+    assert results[0].output == adapter.baseline(good).output
+    assert adapter.snapshot()["live_requests"] == []

@@ -138,3 +138,23 @@ def test_snapshot_lists_cached_blocks_with_keys_identity_and_tokens():
     assert all(b["identity"][-1] == "t9" and b["refcount"] == 0 and b["key"] for b in blocks)
     engine.flush()
     assert engine.snapshot()["cached_blocks"] == 0
+
+
+@pytest.mark.parametrize("refused, error", [
+    (Request("b", PROMPT, 4), errors.PoolExhaustedError),  # longer than the whole pool
+    (Request("b", [5, 5000], 4), errors.OutOfVocabularyError),
+    (Request("b", [5], 4, (), Identity("zz")), errors.UnknownRevisionError),
+    (Request("a", [7, 8], 4), errors.BadRequestError),  # the good request's id twice in one batch
+])
+def test_a_refused_request_leaves_no_sibling_of_its_batch_live(refused, error):
+    """Batch submission is all or nothing: a caller that sees the refusal (the conformance runner, a
+    retry) must find the engine as it was, not holding the good requests submitted before the bad one
+    (which then collide with the next batch's ids and hold the pool)."""
+    engine = Engine(EngineConfig(block_size=4, num_blocks=4), registry())
+    with pytest.raises(error):
+        engine.generate([Request("a", [5, 6], 4), refused])
+    assert not engine.has_unfinished() and not engine.live
+    at_rest(engine)
+    reports = engine.generate([Request("a", [5, 6], 4), Request("b", [7, 8], 4)])
+    assert [r.output for r in reports] == [expected(Identity(), p, 4, ()).output for p in ([5, 6], [7, 8])]
+    at_rest(engine)
