@@ -17,13 +17,15 @@ Output file names carry the first 12 hex digits of the source weights' sha256, s
 other weights is never picked up by mistake (a stale GGUF is exactly the "revision not in the key" bug).
 
 CLI: ``python -m adapters.gguf_export [--out-dir DIR] [NAME_OR_DIR ...]`` (exposed as
-``kvparity export-gguf``). Python: ``export_gguf(src, out_dir=None) -> Path`` and ``export_all()``.
+``kvparity export-gguf``); by default it writes to $KVPARITY_GGUF_DIR, else ~/.cache/kvparity/gguf, a cache
+outside the source tree. Bad arguments are one line on stderr and exit 3, found before anything is written. Python: ``export_gguf(src, out_dir=None) -> Path`` and ``export_all()``.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -273,25 +275,54 @@ def export_all(out_dir: str | os.PathLike | None = None, *, force: bool = False,
     return {n: export_gguf(n, out_dir, force=force) for n in names if (CHECKPOINTS / n).is_dir()}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvparity export-gguf",
-                                     description="Write the shipped HF checkpoints (or given folders) as f32 GGUF.")
-    parser.add_argument("checkpoints", nargs="*", help=f"folders or shipped names (default: all of {', '.join(SHIPPED)})")
-    parser.add_argument("--out-dir", default=None, help=f"output folder (default: {default_out_dir()})")
+def build_parser() -> argparse.ArgumentParser:
+    """Every option has help text (argparse shows a default only beside help)."""
+    from adapters.bench import UsageParser
+
+    parser = UsageParser(prog="kvparity export-gguf",
+                         description="Write the shipped HF checkpoints (or given folders) as f32 GGUF.")
+    parser.add_argument("checkpoints", nargs="*", default=None,
+                        help=f"folders or shipped names (default: every shipped one present: {', '.join(SHIPPED)})")
+    parser.add_argument("--out-dir", default=str(default_out_dir()),
+                        help="output folder ($KVPARITY_GGUF_DIR, else ~/.cache/kvparity/gguf)")
     parser.add_argument("--force", action="store_true", help="rewrite even if an export of the same weights exists")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Arguments, the checkpoint folders and the output folder, all checked before the first export, so a
+    bad name late in the list does not leave the earlier ones half done."""
+    from adapters.bench import output_dir
+    from conformance.contract import UsageError
+
+    args = build_parser().parse_args(argv)
+    names = args.checkpoints or [n for n in SHIPPED if (CHECKPOINTS / n).is_dir()]
     try:
-        paths = ({c: export_gguf(c, args.out_dir, force=args.force) for c in args.checkpoints}
-                 if args.checkpoints else export_all(args.out_dir, force=args.force))
-    except ImportError as exc:  # gguf not installed
-        print(f"export-gguf needs the 'gguf' package (pip install 'kvparity[llamacpp]'): {exc}", file=sys.stderr)
-        return 3
+        args.folders = {c: _resolve(c) for c in names}
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    args.out_dir = output_dir(args.out_dir)
+    if importlib.util.find_spec("gguf") is None:
+        raise UsageError("export-gguf needs the 'gguf' package: pip install 'kvparity[llamacpp]'")
+    return args
+
+
+def export(args: argparse.Namespace) -> int:
+    """Write each GGUF and list name -> path; a checkpoint the writer cannot convert is one line, exit 3."""
+    try:
+        paths = {c: export_gguf(folder, args.out_dir, force=args.force) for c, folder in args.folders.items()}
     except (FileNotFoundError, ValueError) as exc:
-        print(f"export-gguf: {exc}", file=sys.stderr)
+        print(f"kvparity export-gguf: error: {exc}", file=sys.stderr)
         return 3
     for name, path in paths.items():
         print(f"{name}\t{path}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from adapters.bench import run_command
+
+    return run_command("kvparity export-gguf", parse_args, export, argv)
 
 
 if __name__ == "__main__":
