@@ -228,7 +228,7 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
         if kind == "resend" and pool:
             chosen = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_batch, unique_by=lambda p: p.id))
             order = draw(st.permutations(chosen))
-            items = tuple(_renamed(p, f"r{next(ids)}", top) for p in order)
+            items = tuple(renamed(p, f"r{next(ids)}", top) for p in order)
         elif kind == "continue" and pool:
             parent = draw(st.sampled_from(pool))
             extra = draw(st.integers(1, caps.block_size + 1).flatmap(lambda n: token_lists(caps, n)))
@@ -277,7 +277,7 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
             # must not depend on the warm cache being gone.
             steps.append(Reset())
             chosen = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_batch, unique_by=lambda p: p.id))
-            items = tuple(_renamed(p, f"r{next(ids)}", top) for p in chosen)
+            items = tuple(renamed(p, f"r{next(ids)}", top) for p in chosen)
         elif kind == "configure" and caps.config_space:
             configure()
             continue
@@ -292,7 +292,7 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
     return tuple(steps)
 
 
-def _renamed(item: Union[Request, Continuation], new_id: str, top: int) -> Union[Request, Continuation]:
+def renamed(item: Union[Request, Continuation], new_id: str, top: int) -> Union[Request, Continuation]:
     """`item` again under a new id, its prompt kept within `top` (a smaller configuration may hold less
     than the one it was first sent under)."""
     from attrs import evolve
