@@ -69,9 +69,11 @@ class Analysis:
 
 def analyse(history: History, names: Sequence[str] | None = None) -> Analysis:
     """Run example-scoped checks per example (so witnesses stay small and replayable), run-scoped
-    checks once over everything, and aggregate."""
+    checks once over everything, and aggregate. A history without a clean end (a killed, crashed or
+    interrupted run) is an error whatever the checks say: they are still run, for information."""
     chosen = select_checks(names)
-    out = Analysis(errors=list(history.errors))
+    incomplete = history.incomplete()
+    out = Analysis(errors=list(history.errors) + ([incomplete] if incomplete else []))
     views = [history.only(ex) for ex in history.examples] or [history]
     for name in chosen:
         spec = CHECKS[name]

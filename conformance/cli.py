@@ -1,50 +1,101 @@
 """`kvparity` command line: run, replay, report, engines.
 
-Exit codes (DESIGN.md): 0 pass, 1 fail, 2 inconclusive, 3 error or usage/config problem. Every error
-path prints one line saying why.
+Exit codes (DESIGN.md): 0 pass, 1 fail, 2 inconclusive, 3 error or usage/config problem, 130 interrupted.
+Every error path prints one line saying why. Bad input is refused before an engine is built.
+
+`kvparity run` and `kvparity replay` from the console are supervised (`conformance.supervisor`): the
+work runs in a child process, so an engine that ends the process itself (`os._exit`, an abort in C, the
+OOM killer) still gets an `error` verdict and a report instead of an exit code that reads as a pass.
+`main()` itself runs in-process (the suite's own tests call it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from conformance.contract import EngineError, UsageError
 
 EXIT_USAGE = 3
+EXIT_INTERRUPTED = 130
+WITNESS_VERSION = 1
+DEFAULT_TIMEOUT_S = 300.0
+
+
+# --------------------------------------------------------------------------- argument types
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds above 0")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting 2: our usage errors are one line, exit 3."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvparity", description="Does an engine's KV reuse change what it says?")
-    sub = p.add_subparsers(dest="command", required=True)
+    from conformance.runner import DEFAULT_REPORT_DIR, PROFILES
 
-    run = sub.add_parser("run", help="run the suite against an engine")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    p = _Parser(prog="kvparity", description="Does an engine's KV reuse change what it says?", formatter_class=fmt)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the suite against an engine", formatter_class=fmt)
     run.add_argument("--engine", required=True, help="adapter name (see `kvparity engines`) or module:Class")
-    run.add_argument("--engine-arg", action="append", default=[], metavar="K=V", help="adapter argument (repeatable)")
-    run.add_argument("--profile", default="dev", choices=["dev", "ci", "nightly"])
-    run.add_argument("--checks", default="", help="comma-separated check names (default: all)")
-    run.add_argument("--report-dir", default="reports")
-    run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--max-examples", type=int, default=None, help="override the profile's example count")
-    run.add_argument("--timeout", type=float, default=300.0, help="seconds per engine call before it counts as hung")
+    run.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
+                     help="adapter argument (repeatable, each key once)")
+    run.add_argument("--profile", default="dev", choices=list(PROFILES))
+    run.add_argument("--checks", default="", help="comma-separated check names (empty: all)")
+    run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR,
+                     help="where run folders go (the default is git-ignored; reports/ is for committed results)")
+    run.add_argument("--seed", type=int, default=None, help="Hypothesis seed (none: the profile's own)")
+    run.add_argument("--max-examples", type=positive_int, default=None,
+                     help="override the profile's example count (none: the profile's)")
+    run.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
+                     help="seconds per engine call (construction and close included) before it counts as hung")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing example unshrunk (faster)")
     run.add_argument("--minimise", action="store_true",
                      help="after the run, minimise one witness per failed check on fresh engines (<case>.min.json); "
                           "each replay builds an engine, so this is for engines that start fast")
 
-    replay = sub.add_parser("replay", help="re-run a recorded failure: FIXED / FAILED / ERROR")
+    replay = sub.add_parser("replay", help="re-run a recorded failure: FIXED / FAILED / ERROR", formatter_class=fmt)
     replay.add_argument("case", help="path to a witness JSON file from a report's witnesses/ folder")
+    replay.add_argument("--engine", default=None,
+                        help="adapter to replay on (none: the registered engine the witness names); the only way "
+                             "to replay on an unregistered module:Class adapter")
     replay.add_argument("--engine-arg", action="append", default=[], metavar="K=V", help="override an adapter argument")
-    replay.add_argument("--timeout", type=float, default=300.0)
+    replay.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
+                        help="seconds per engine call before it counts as hung")
 
-    report = sub.add_parser("report", help="re-analyse a stored run directory (its history.jsonl)")
+    report = sub.add_parser("report", help="re-analyse a stored run directory (its history.jsonl)", formatter_class=fmt)
     report.add_argument("run_dir")
-    report.add_argument("--checks", default="")
+    report.add_argument("--checks", default="", help="comma-separated check names (empty: those the run chose)")
 
-    sub.add_parser("engines", help="list the registered engine adapters")
+    sub.add_parser("engines", help="list the registered engine adapters", formatter_class=fmt)
     for name, target in plugin_commands().items():
         sub.add_parser(name, help=f"plugin command ({target}); see `kvparity {name} --help`", add_help=False)
     return p
@@ -65,85 +116,198 @@ def run_plugin_command(name: str, argv: Sequence[str]) -> int:
     return int(ep.load()(list(argv)) or 0)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from conformance.registry import load_engine, parse_engine_args
-    from conformance.runner import profile_settings, run_suite
+# --------------------------------------------------------------------------- run
+
+
+def writable_folder(path: str | Path, what: str) -> Path:
+    """`path` as a folder this process can write into (created if missing), or a one-line UsageError."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{what} {folder} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".kvparity-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"{what} {folder} is not writable: {exc.strerror or exc}") from None
+    return folder
+
+
+class Session:
+    """What one command did that its caller must know after it returns: whether an engine call was left
+    hanging on a thread (then the process must end with os._exit, not wait for that thread at shutdown)."""
+
+    def __init__(self) -> None:
+        self.hard_exit = False
+
+
+def build_engine(name: str, engine_args: dict[str, str], timeout_s: float) -> Any:
+    """Construct the adapter on the main thread (some engines install signal handlers, which only the
+    main thread may), bounded by a watchdog."""
+    from conformance.calls import watchdog
+    from conformance.registry import load_engine
+
+    with watchdog(timeout_s, f"building engine {name!r}"):
+        return load_engine(name, engine_args)
+
+
+def close_engine(engine: Any, timeout_s: float) -> str | None:
+    """Close an engine within the timeout; the cause in one line if close() failed, else None."""
+    from conformance.calls import one_line, watchdog
+
+    try:
+        with watchdog(timeout_s, "close()"):
+            engine.close()
+    except Exception as exc:  # noqa: BLE001 - reported, not swallowed
+        return f"close() raised {type(exc).__name__}: {one_line(exc)}"
+    return None
+
+
+def cmd_run(args: argparse.Namespace, session: Session) -> int:
+    from conformance import supervisor
     from conformance.analysis import select_checks
+    from conformance.registry import parse_engine_args, resolve
+    from conformance.runner import new_run_dir, profile_settings, run_suite
 
     engine_args = parse_engine_args(args.engine_arg)
     checks = select_checks([c for c in args.checks.split(",") if c.strip()])
     profile_settings(args.profile)
-    engine = load_engine(args.engine, engine_args)
-    try:
-        outcome = run_suite(engine, engine_name=args.engine, engine_args=engine_args, profile=args.profile,
-                            checks=checks, report_dir=args.report_dir, seed=args.seed,
-                            max_examples=args.max_examples, timeout_s=args.timeout, shrink=not args.no_shrink)
-    finally:
-        try:
-            engine.close()
-        except Exception:  # noqa: BLE001 - closing must not mask the verdict
-            pass
+    report_dir = writable_folder(args.report_dir, "--report-dir")
+    resolve(args.engine)  # an unknown engine is a usage error before anything is built
+    engine = build_engine(args.engine, engine_args, args.timeout)
+    run_dir = new_run_dir(report_dir, args.engine)
+    supervisor.tell(run_dir=str(run_dir))
+    outcome = run_suite(engine, engine_name=args.engine, engine_args=engine_args, profile=args.profile,
+                        checks=checks, run_dir=run_dir, seed=args.seed, max_examples=args.max_examples,
+                        timeout_s=args.timeout, shrink=not args.no_shrink)
+    session.hard_exit = outcome.abandoned or outcome.interrupted
+    print_outcome(outcome.analysis, outcome.run_dir, args.engine)
+    if outcome.report_error:
+        print(f"ERROR: {outcome.report_error}")
+    minimised = {}
+    if args.minimise and not outcome.interrupted:
+        minimised = minimise_failures(outcome, lambda: build_engine(args.engine, engine_args, args.timeout),
+                                      args.timeout, args.engine)
+    if minimised:  # one writer of the report: rewrite it with what minimising found
+        from conformance.history import load
+        from conformance.report import write_report
+
+        write_report(outcome.run_dir, load(outcome.run_dir / "history.jsonl"), outcome.analysis, minimised=minimised)
     a = outcome.analysis
+    word = "INTERRUPTED" if outcome.interrupted else a.verdict.upper()
+    print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
+    supervisor.tell(verdict=outcome.exit_code)
+    if outcome.abandoned:  # a hung engine is not asked to close on the thread it may still be inside
+        return outcome.exit_code
+    closed = close_engine(engine, args.timeout)
+    if closed is not None:
+        print(f"ERROR: {closed}")
+        return max(outcome.exit_code, EXIT_USAGE) if outcome.exit_code != EXIT_INTERRUPTED else outcome.exit_code
+    return outcome.exit_code
+
+
+def print_outcome(a: Any, run_dir: Path, engine: str | None = None) -> None:
+    """Per-check lines, engine errors, and one replay command per failure."""
+    from conformance.report import replay_command
+
     for name, r in a.checks.items():
         print(f"{name:22s} {r.status}" + (f"  ({r.notes[0]})" if r.notes and r.status != "pass" else ""))
     for e in a.errors:
         print(f"ERROR: {e}")
-    minimised: dict[str, str] = {}
     for f in a.failures:
+        print(f"FAIL [{f.check}] {f.title} ({f.case_id}): "
+              f"{replay_command(run_dir / 'witnesses' / (f.case_id + '.json'), engine)}")
+
+
+def minimise_failures(outcome: Any, new_engine: Callable[[], Any], timeout_s: float,
+                      engine: str | None = None) -> dict[str, str]:
+    """Minimise one witness per failed check; check -> the line saying what came of it."""
+    minimised: dict[str, str] = {}
+    for f in outcome.analysis.failures:
         witness = outcome.run_dir / "witnesses" / (f.case_id + ".json")
-        print(f"FAIL [{f.check}] {f.title} ({f.case_id}): kvparity replay {witness}")
-        if args.minimise and f.check not in minimised and witness.is_file():
-            minimised[f.check] = line = minimise_line(witness, lambda: load_engine(args.engine, engine_args),
-                                                      args.timeout)
-            print(f"  minimised: {line}")
-    if minimised:  # the report was written before minimising: add what it found
-        with open(outcome.run_dir / "report.md", "a") as md:
-            md.write("\n## Minimised witnesses (`--minimise`)\n\n"
-                     + "".join(f"- `{check}`: {line}\n" for check, line in minimised.items()))
-    print(f"{a.verdict.upper()}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}")
-    return outcome.exit_code
+        if f.check not in minimised and witness.is_file():
+            minimised[f.check] = line = minimise_line(witness, new_engine, timeout_s, engine)
+            print(f"  minimised [{f.check}]: {line}")
+    return minimised
 
 
-def minimise_line(witness: Path, new_engine, timeout_s: float) -> str:
+def minimise_line(witness: Path, new_engine: Callable[[], Any], timeout_s: float, engine: str | None = None) -> str:
     """Minimise one witness file; say in one line what came of it."""
     from conformance.minimise import minimise_witness_file, size
+    from conformance.report import replay_command
     from conformance.strategies import step_from_json
 
     small = minimise_witness_file(witness, new_engine, timeout_s=timeout_s)
     if small is None:
         return "nothing smaller still fails"
     before, after = (size([step_from_json(s) for s in json.loads(p.read_text())["steps"]]) for p in (witness, small))
-    return (f"kvparity replay {small} (prompt tokens, requests, steps: {after[0]}, {after[1]}, {after[2]}; "
+    return (f"{replay_command(small, engine)} (prompt tokens, requests, steps: {after[0]}, {after[1]}, {after[2]}; "
             f"the run's witness: {before[0]}, {before[1]}, {before[2]})")
 
 
-def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
-                timeout_s: float = 300.0) -> tuple[str, int, str]:
-    """Re-run a witness's steps against a fresh engine and re-check its check.
+# --------------------------------------------------------------------------- replay
 
-    Returns (word, exit code, one-line detail): FIXED 0, FAILED 1, INCONCLUSIVE 2, ERROR 3.
-    """
-    from conformance.registry import load_engine
-    from conformance.runner import call_with_timeout, replay
+
+def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, Any], str, list[Any]]:
+    """(engine name, engine args, check, steps) of a witness file. Nothing in the file chooses code to
+    run: it may name a *registered* engine only; an unregistered `module:Class` is used only when the
+    user names it with --engine."""
+    from conformance.registry import known_engines
     from conformance.strategies import step_from_json
 
     try:
         data = json.loads(Path(path).read_text())
-        name, check, steps = data["engine"], data["check"], [step_from_json(s) for s in data["steps"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        version = data.get("kvparity_witness")
+        named, check, raw_steps = data["engine"], data["check"], data["steps"]
+        args = data.get("engine_args") or {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"not a kvparity witness file: {path} ({exc})") from exc
-    args = {**data.get("engine_args", {}), **(engine_args or {})}
-    engine = load_engine(name, args)
+    if version != WITNESS_VERSION:
+        raise UsageError(f"{path}: witness format version {version!r}; this kvparity reads version {WITNESS_VERSION}")
+    if not isinstance(args, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in args.items()):
+        raise UsageError(f"{path}: engine_args must map names to strings")
+    if engine is None:
+        if not isinstance(named, str) or named not in known_engines():
+            raise UsageError(f"{path} names engine {named!r}, which is not a registered engine (`kvparity engines`); "
+                             f"a witness cannot choose code to import. To replay on that adapter, name it yourself: "
+                             f"kvparity replay {path} --engine {named}")
+        engine = named
     try:
-        caps = call_with_timeout(engine.capabilities, timeout_s, "capabilities")
-        result, crashed = replay(engine, caps, steps, check, timeout_s)
+        steps = [step_from_json(s) for s in raw_steps]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"not a kvparity witness file: {path} (bad steps: {exc})") from exc
+    return engine, args, check, steps
+
+
+def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
+                timeout_s: float = DEFAULT_TIMEOUT_S, engine: str | None = None,
+                session: Session | None = None) -> tuple[str, int, str]:
+    """Re-run a witness's steps against a fresh engine and re-check its check.
+
+    Returns (word, exit code, one-line detail): FIXED 0, FAILED 1, INCONCLUSIVE 2, ERROR 3. A witness of
+    an engine error (check "error") is FAILED while the engine still fails on it and FIXED once it runs.
+    """
+    from conformance import validation
+    from conformance.calls import EngineCalls
+    from conformance.runner import replay
+
+    name, witness_args, check, steps = read_witness(path, engine)
+    args = {**witness_args, **(engine_args or {})}
+    instance = build_engine(name, args, timeout_s)
+    calls = EngineCalls(timeout_s)
+    try:
+        caps = validation.capabilities(calls(instance.capabilities, "capabilities"))
+        result, crashed = replay(instance, caps, steps, "parity" if check == "error" else check, calls=calls)
     except EngineError as exc:  # capabilities() itself failed
         return "ERROR", 3, str(exc)
     finally:
-        try:
-            engine.close()
-        except Exception:  # noqa: BLE001
-            pass
+        if session is not None:
+            session.hard_exit = calls.abandoned
+        if not calls.abandoned:
+            close_engine(instance, timeout_s)
+    if check == "error":
+        return ("FAILED", 1, f"the engine still fails: {crashed}") if crashed else ("FIXED", 0, "the engine runs this case")
     if crashed is not None and result.status != "fail":  # a crash fails the check only where it says so
         return "ERROR", 3, crashed
     if result.status == "fail":
@@ -155,21 +319,34 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
     return "INCONCLUSIVE", 2, "; ".join(result.notes) or "the case no longer exercises the check"
 
 
+# --------------------------------------------------------------------------- report, engines
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from conformance.analysis import analyse
-    from conformance.history import load
+    from conformance.history import NotAHistory, load
     from conformance.report import write_report
 
     run_dir = Path(args.run_dir)
     history_path = run_dir / "history.jsonl"
     if not history_path.is_file():
         raise UsageError(f"no history.jsonl in {run_dir}")
-    history = load(history_path)
+    try:
+        history = load(history_path)
+    except NotAHistory as exc:
+        raise UsageError(str(exc)) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{history_path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
     checks = [c for c in args.checks.split(",") if c.strip()] or history.meta.get("checks") or None
     analysis = analyse(history, checks)
-    write_report(run_dir, history, analysis)
+    try:
+        write_report(run_dir, history, analysis)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report in {run_dir}: {exc}") from None
     for name, r in analysis.checks.items():
         print(f"{name:22s} {r.status}")
+    for e in analysis.errors:
+        print(f"ERROR: {e}")
     print(f"{analysis.verdict.upper()}: re-analysed {len(history.examples)} examples from {history_path}")
     return analysis.exit_code
 
@@ -182,22 +359,26 @@ def cmd_engines(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+# --------------------------------------------------------------------------- entry points
+
+
+def dispatch(argv: Sequence[str], session: Session) -> int:
+    """Run one command in this process; every failure is a one-line message and an exit code."""
+    argv = list(argv)
     if argv and argv[0] in plugin_commands():
         return run_plugin_command(argv[0], argv[1:])
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help is 0, a usage error is ours to number
-        return 0 if exc.code == 0 else EXIT_USAGE
-    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # --help and friends
+            return 0 if exc.code in (0, None) else EXIT_USAGE
         if args.command == "run":
-            return cmd_run(args)
+            return cmd_run(args, session)
         if args.command == "replay":
             from conformance.registry import parse_engine_args
 
-            word, code, detail = replay_case(args.case, parse_engine_args(args.engine_arg), args.timeout)
+            word, code, detail = replay_case(args.case, parse_engine_args(args.engine_arg), args.timeout,
+                                             args.engine, session)
             print(f"{word}: {detail}")
             return code
         if args.command == "report":
@@ -209,7 +390,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineError as exc:
         print(f"kvparity: engine error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("kvparity: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """In-process entry (tests, embedding): never ends the process itself."""
+    return dispatch(list(sys.argv[1:] if argv is None else argv), Session())
+
+
+def console_main() -> None:
+    """The `kvparity` console script: supervise `run` and `replay`, run everything else directly."""
+    from conformance import supervisor
+
+    argv = sys.argv[1:]
+    if supervisor.should_supervise(argv):
+        raise SystemExit(supervisor.supervise(argv))
+    session = Session()
+    code = dispatch(argv, session)
+    supervisor.tell(exit=code)
+    if session.hard_exit:  # a thread is still inside the engine: do not wait for it at shutdown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    console_main()

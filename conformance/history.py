@@ -2,20 +2,25 @@
 
 Jepsen's lesson: write the history to disk *before* checking it, so a checker bug, a crash or a hang
 never loses the evidence, and `kvparity report RUN_DIR` can re-analyse a run without the engine.
-Every line is one event, flushed and fsynced as it is written:
+Every line is one event, flushed as it is written (fsynced at example boundaries and errors):
 
-    run_start  {engine, engine_args, capabilities, versions, seed, profile}
-    example    {index}                        one Hypothesis example (or one replay) starts
-    config     {config}                       engine.configure(config) was called
-    reset      {snapshot?}                    engine.reset() returned (white-box: the pool at rest)
-    batch      {requests, results, snapshot}  engine.run(requests) answered (snapshot: white-box, optional)
-    baseline   {key, baseline}                the oracle's answer for one oracle key (memoized, written once)
-    error      {cause, requests?, snapshot?}  the engine crashed, hung or answered malformed (snapshot:
-                                              white-box, the pool after a failed batch)
-    run_end    {}                             the run finished normally
+    run_start    {engine, engine_args, capabilities, versions, seed, profile}
+    example      {index}                  one Hypothesis example (or one replay) starts
+    config       {config}                 engine.configure(config) is about to be called
+    reset        {snapshot?}              engine.reset() returned (white-box: the pool at rest)
+    submit       {requests}               engine.run(requests) is about to be called
+    batch        {results, snapshot}      ...and answered (snapshot: white-box, optional)
+    baseline     {key, baseline}          the oracle's answer for one oracle key (memoized, written once)
+    error        {cause, snapshot?}       the engine crashed, hung or answered malformed (snapshot:
+                                          white-box, the pool after a failed batch)
+    interrupted  {cause}                  the user stopped the run (Ctrl-C)
+    run_end      {examples, duration_s}   the run finished; a history without it is incomplete
 
-Reading back turns events into contract value types and groups them into examples of batches, which is
-the shape every check consumes.
+Requests are recorded *before* the engine sees them, so the request that killed an engine is in the
+history, named in the verdict's cause and replayable. Reading is strict: a line that is not an event
+is an error naming the line, a torn last line is reported as a crash mid-write, and an empty file is
+not a history. Reading back turns events into contract value types and groups them into examples of
+batches, which is the shape every check consumes.
 """
 
 from __future__ import annotations
@@ -88,40 +93,64 @@ def oracle_key_str(request: Request) -> str:
 # --------------------------------------------------------------------------- writing
 
 
-_DURABLE = {"run_start", "example", "error", "run_end"}
+_DURABLE = {"run_start", "example", "submit", "error", "interrupted", "run_end"}
+
+
+class HistoryWriteError(BaseException):
+    """The history could not be written (disk full, folder gone). A BaseException, like KeyboardInterrupt,
+    so neither an adapter's nor Hypothesis' `except Exception` swallows it: a run that cannot record
+    its evidence stops, and its verdict is `error`."""
 
 
 class HistoryWriter:
     """Append events to `path`, one JSON line each, flushed before returning (fsynced at example
-    boundaries and errors: fsync per line cost more than the fake engine's whole run).
+    boundaries, submissions and errors: fsync per line cost more than the fake engine's whole run).
 
     `events` mirrors what was written, already normalised through JSON, so analysing in memory and
-    analysing the file on disk see exactly the same data.
+    analysing the file on disk see exactly the same data. Numbers must be finite (`allow_nan=False`):
+    NaN is not JSON. After a failed write the file is left as it is (everything before the failure is
+    kept) and later events are kept in memory only, so the run can still say what it saw.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None, fsync: bool = True) -> None:
         self.path = Path(path) if path is not None else None
         self.fsync = fsync
         self.events: list[dict[str, Any]] = []
+        self.write_error: str | None = None
         self._fh = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        line = json.dumps({"event": event, **encode(fields)}, separators=(",", ":"))
-        if self._fh is not None:
-            self._fh.write(line + "\n")
-            self._fh.flush()  # a crashed process loses nothing already appended
-            if self.fsync and event in _DURABLE:  # an OS crash loses at most the current example
-                os.fsync(self._fh.fileno())
+        line = json.dumps({"event": event, **encode(fields)}, separators=(",", ":"), allow_nan=False)
         record = json.loads(line)
         self.events.append(record)
+        if self._fh is not None:
+            try:
+                self._fh.write(line + "\n")
+                self._fh.flush()  # a crashed process loses nothing already appended
+                if self.fsync and event in _DURABLE:  # an OS crash loses at most the current example
+                    os.fsync(self._fh.fileno())
+            except OSError as exc:
+                self.write_error = f"cannot write the history {self.path}: {exc}"
+                self._abandon()
+                raise HistoryWriteError(self.write_error) from exc
         return record
+
+    def _abandon(self) -> None:
+        fh, self._fh = self._fh, None
+        try:
+            fh.close()
+        except OSError:
+            pass  # the data that could not be flushed is lost either way; what was written stays
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError as exc:
+                self.write_error = f"cannot write the history {self.path}: {exc}"
             self._fh = None
 
     def __enter__(self) -> "HistoryWriter":
@@ -131,19 +160,41 @@ class HistoryWriter:
         self.close()
 
 
-def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read a JSONL history; a torn last line (the process died mid-write) is dropped, not fatal."""
-    events = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return events
+class NotAHistory(ValueError):
+    """The file is not a kvparity history at all (empty, or not starting with `run_start`)."""
+
+
+def read_events(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Read a JSONL history: (events, problems). Reading stops at the first line that is not an event —
+    what follows cannot be placed — and says which line it was; a torn last line (no newline, not JSON)
+    is reported as a crash mid-write. An empty file, or one whose first event is not `run_start`, raises
+    `NotAHistory`."""
+    path = Path(path)
+    events: list[dict[str, Any]] = []
+    problems: list[str] = []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().split("\n")
+    torn_at = len(lines) if lines and lines[-1] else None  # the last line has no newline
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            ev = None
+        if not isinstance(ev, dict) or not isinstance(ev.get("event"), str):
+            if number == torn_at:
+                problems.append(f"{path.name} line {number} is torn: the process died while writing it")
+            else:
+                problems.append(f"{path.name} line {number} is not a history event; "
+                                f"lines after {number - 1} were not read")
+            break
+        events.append(ev)
+    if not events and not problems:
+        raise NotAHistory(f"{path} is empty: not a kvparity history")
+    if not events or events[0]["event"] != "run_start":
+        raise NotAHistory(f"{path} does not start with a run_start event: not a kvparity history")
+    return events, problems
 
 
 # --------------------------------------------------------------------------- the checked shape
@@ -186,39 +237,54 @@ class FailedBatch:
 @define
 class Example:
     index: int
-    events: list[dict[str, Any]] = field(factory=list)
     batches: list[BatchRecord] = field(factory=list)
     errors: list[str] = field(factory=list)
     failed_batches: list[FailedBatch] = field(factory=list)
+    # The resolved steps, replayable as they are (continuations already resolved): configure, reset and
+    # every submitted batch — the one the engine never answered included.
+    step_list: list[dict[str, Any]] = field(factory=list)
 
     def steps(self) -> list[dict[str, Any]]:
-        """The resolved steps of this example, replayable as they are (continuations already resolved)."""
-        out: list[dict[str, Any]] = []
-        for ev in self.events:
-            if ev["event"] == "config":
-                out.append({"step": "configure", "config": ev.get("config", {})})
-            elif ev["event"] == "reset":
-                out.append({"step": "reset"})
-            elif ev["event"] == "batch":
-                out.append({"step": "batch", "requests": ev["requests"]})
-            elif ev["event"] == "error" and ev.get("requests"):
-                out.append({"step": "batch", "requests": ev["requests"]})
-        return out
+        return list(self.step_list)
 
 
 @define
 class History:
-    """A parsed history: run metadata, capabilities, examples of batches and the memoized baselines."""
+    """A parsed history: run metadata, capabilities, examples of batches and the memoized baselines.
+
+    `errors` are the engine's failures and the history's own problems (a corrupt or torn line);
+    `ended` says whether the run wrote its `run_end`; `interrupted` holds the cause if the user stopped it.
+    """
 
     meta: dict[str, Any] = field(factory=dict)
     capabilities: Capabilities | None = None
     examples: list[Example] = field(factory=list)
     baselines: dict[str, Baseline] = field(factory=dict)
     errors: list[str] = field(factory=list)
+    ended: dict[str, Any] | None = None
+    interrupted: str | None = None
+    last_event: str | None = None
+    in_flight: tuple[Request, ...] = ()
 
     @property
     def tolerance(self) -> float:
         return self.capabilities.tolerance if self.capabilities else 0.0
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.ended is None or self.ended.get("duration_s") is None else float(self.ended["duration_s"])
+
+    def incomplete(self) -> str | None:
+        """Why this history is not a finished run, in one line; None when it ended cleanly."""
+        if self.ended is not None:
+            return None
+        what = f"{len(self.examples)} examples recorded, last event {self.last_event}"
+        if self.in_flight:
+            ids = ", ".join(q.id for q in self.in_flight[:4]) + (" ..." if len(self.in_flight) > 4 else "")
+            what += f" (requests {ids} submitted, never answered)"
+        if self.interrupted:
+            return f"run interrupted: {self.interrupted}; {what}"
+        return f"run did not finish: {what}"
 
     def batches(self) -> Iterable[BatchRecord]:
         for ex in self.examples:
@@ -229,16 +295,20 @@ class History:
 
     def only(self, example: Example) -> "History":
         """A view holding one example, for per-example checking."""
-        return History(self.meta, self.capabilities, [example], self.baselines, list(example.errors))
+        return History(self.meta, self.capabilities, [example], self.baselines, list(example.errors), self.ended)
 
 
 def parse(events: Iterable[Mapping[str, Any]]) -> History:
-    """Group raw events into a `History`. Events before any `example` event form example 0."""
+    """Group raw events into a `History`. Events before any `example` event form example 0.
+
+    A `batch` takes its requests from the `submit` before it (older histories carried them in the
+    `batch` event itself, and are read the same way)."""
     h = History()
     current: Example | None = None
     epoch = segment = 0
     config: Mapping[str, Any] = {}
     evictions: int | None = None
+    pending: list[dict[str, Any]] | None = None
 
     def example() -> Example:
         nonlocal current
@@ -249,6 +319,7 @@ def parse(events: Iterable[Mapping[str, Any]]) -> History:
 
     for ev in events:
         kind = ev.get("event")
+        h.last_event = str(kind)
         if kind == "run_start":
             h.meta = dict(ev)
             if ev.get("capabilities"):
@@ -259,40 +330,60 @@ def parse(events: Iterable[Mapping[str, Any]]) -> History:
             epoch = segment = 0
             config = {}
             evictions = None
+            pending = None
         elif kind == "baseline":
             h.baselines[ev["key"]] = baseline_from(ev["baseline"])
         elif kind == "config":
-            ex = example()
-            ex.events.append(dict(ev))
+            example().step_list.append({"step": "configure", "config": ev.get("config", {})})
             config = dict(ev.get("config") or {})
             segment += 1
         elif kind == "reset":
-            ex = example()
-            ex.events.append(dict(ev))
+            example().step_list.append({"step": "reset"})
             epoch += 1
             if (ev.get("snapshot") or {}).get("evictions") is not None:
                 evictions = int(ev["snapshot"]["evictions"])
+        elif kind == "submit":
+            pending = list(ev["requests"])
+            example().step_list.append({"step": "batch", "requests": pending})
         elif kind == "batch":
             ex = example()
-            ex.events.append(dict(ev))
+            requests = ev.get("requests", pending)
+            if "requests" in ev:  # an older history: no submit event before it
+                ex.step_list.append({"step": "batch", "requests": ev["requests"]})
+            if requests is None:
+                raise ValueError("a batch event without a submit event before it")
             ex.batches.append(BatchRecord(
                 example=ex.index, index=len(ex.batches), epoch=epoch, segment=segment, config=config,
-                requests=[request_from(r) for r in ev["requests"]],
+                requests=[request_from(r) for r in requests],
                 results=[result_from(r) for r in ev["results"]], snapshot=ev.get("snapshot"),
                 evictions_before=evictions))
+            pending = None
             if (ev.get("snapshot") or {}).get("evictions") is not None:
                 evictions = int(ev["snapshot"]["evictions"])
         elif kind == "error":
             ex = example()
-            ex.events.append(dict(ev))
-            ex.errors.append(str(ev.get("cause", "unknown error")))
-            h.errors.append(str(ev.get("cause", "unknown error")))
+            cause = str(ev.get("cause", "unknown error"))
+            ex.errors.append(cause)
+            h.errors.append(cause)
+            requests = ev.get("requests") or pending or ()
+            if ev.get("requests") and pending is None:  # an older history: the failed batch's requests
+                ex.step_list.append({"step": "batch", "requests": ev["requests"]})
             if ev.get("snapshot"):
                 ex.failed_batches.append(FailedBatch(ex.index, len(ex.batches), config,
-                                                     [request_from(r) for r in ev.get("requests") or ()],
-                                                     ev["snapshot"]))
+                                                     [request_from(r) for r in requests], ev["snapshot"]))
+            pending = None
+        elif kind == "interrupted":
+            h.interrupted = str(ev.get("cause", "interrupted"))
+        elif kind == "run_end":
+            h.ended = dict(ev)
+    if pending is not None:
+        h.in_flight = tuple(request_from(r) for r in pending)
     return h
 
 
 def load(path: str | os.PathLike[str]) -> History:
-    return parse(read_events(path))
+    """Parse a history file; its reading problems (a corrupt or torn line) become errors of the run."""
+    events, problems = read_events(path)
+    h = parse(events)
+    h.errors.extend(problems)
+    return h

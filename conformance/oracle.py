@@ -118,13 +118,20 @@ class Oracle:
         self.cache: dict[str, Baseline] = {}
 
     def __call__(self, request: Request) -> Baseline:
+        if self.missing(request):
+            self.store(request, self._compute(request))
+        return self.cache[oracle_key_str(request)]
+
+    def missing(self, request: Request) -> bool:
+        return oracle_key_str(request) not in self.cache
+
+    def store(self, request: Request, baseline: Baseline) -> None:
+        """Memoize a baseline computed elsewhere (the runner computes it on its engine-call thread and
+        stores it from the main thread, which owns the history)."""
+        if not isinstance(baseline, Baseline):
+            from conformance.contract import EngineError
+            raise EngineError(f"baseline() returned {type(baseline).__name__}, not Baseline")
         key = oracle_key_str(request)
-        if key not in self.cache:
-            baseline = self._compute(request)
-            if not isinstance(baseline, Baseline):
-                from conformance.contract import EngineError
-                raise EngineError(f"baseline() returned {type(baseline).__name__}, not Baseline")
-            self.cache[key] = baseline
-            if self._on_new is not None:
-                self._on_new(key, baseline)
-        return self.cache[key]
+        self.cache[key] = baseline
+        if self._on_new is not None:
+            self._on_new(key, baseline)

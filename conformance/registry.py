@@ -32,12 +32,15 @@ def known_engines() -> dict[str, str]:
 
 
 def parse_engine_args(pairs: Iterable[str]) -> dict[str, str]:
-    """`["k=v", ...]` -> `{"k": "v"}`; a pair without `=` or an empty key is a usage error."""
+    """`["k=v", ...]` -> `{"k": "v"}`; a pair without `=`, an empty key or a key given twice is a usage
+    error (silently keeping the last of two values would test a configuration nobody asked for)."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"bad --engine-arg {pair!r}: expected KEY=VALUE")
+        if key.strip() in out:
+            raise UsageError(f"--engine-arg {key.strip()} given twice ({out[key.strip()]!r} and {value!r})")
         out[key.strip()] = value
     return out
 

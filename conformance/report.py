@@ -39,19 +39,38 @@ def write_witnesses(run_dir: Path, history: History, analysis: Analysis) -> dict
     return out
 
 
-def replay_command(path: Path) -> str:
-    return f"kvparity replay {path}"
+def replay_command(path: Path, engine: str | None = None) -> str:
+    """The one-line reproduce command. A witness may only name a registered engine, so one recorded
+    with a `module:Class` adapter replays with that adapter named on the command line."""
+    named = f" --engine {engine}" if engine and ":" in engine else ""
+    return f"kvparity replay {path}{named}"
 
 
-def results_json(history: History, analysis: Analysis, witnesses: Mapping[str, Path], duration_s: float) -> dict:
+# What a report holds that its history cannot give back: re-analysis (`kvparity report`) carries these
+# over from the results.json it replaces instead of dropping them.
+CARRIED = ("duration_s", "minimised", "process")
+
+
+def results_json(history: History, analysis: Analysis, witnesses: Mapping[str, Path],
+                 duration_s: float | None = None, carried: Mapping[str, Any] | None = None) -> dict:
+    """The whole report as data. `carried`: earlier results.json values of the CARRIED keys, plus any
+    given anew (`minimised`: one line per minimised witness; `process`: how the run's process ended
+    when it died without finishing)."""
     data = analysis.to_json()
     for check in data["checks"].values():
         for f in check["failures"]:
             if f["case_id"] in witnesses:
                 f["witness_file"] = str(witnesses[f["case_id"]])
-                f["replay"] = replay_command(witnesses[f["case_id"]])
+                f["replay"] = replay_command(witnesses[f["case_id"]], history.meta.get("engine"))
     meta = {k: v for k, v in history.meta.items() if k != "event"}
-    return {"run": meta, "examples": len(history.examples), "duration_s": round(duration_s, 2), **data}
+    carried = dict(carried or {})
+    duration = history.duration_s if history.duration_s is not None else duration_s
+    if duration is None:
+        duration = carried.get("duration_s")
+    return {"run": meta, "examples": len(history.examples),
+            "duration_s": None if duration is None else round(float(duration), 2),
+            "finished": history.ended is not None, "interrupted": history.interrupted,
+            "minimised": dict(carried.get("minimised") or {}), "process": carried.get("process"), **data}
 
 
 def _failure_md(f: Failure, replay: str | None) -> list[str]:
@@ -77,9 +96,14 @@ def _failure_md(f: Failure, replay: str | None) -> list[str]:
 
 def report_md(results: Mapping[str, Any]) -> str:
     run = results["run"]
-    lines = [f"# kvparity report: {run.get('engine')}", "",
-             f"verdict **{results['verdict'].upper()}** (exit {results['exit_code']}), profile `{run.get('profile')}`, "
-             f"seed `{run.get('seed')}`, {results['examples']} examples in {results['duration_s']} s, "
+    duration = "unknown time" if results["duration_s"] is None else f"{results['duration_s']} s"
+    lines = [f"# kvparity report: {run.get('engine')}", ""]
+    if not results["finished"]:
+        how = "INTERRUPTED" if results["interrupted"] else "INCOMPLETE"
+        lines += [f"**{how}: this run did not finish** — the verdict is `error` unless a failure was found; "
+                  "the checks below read what was recorded.", ""]
+    lines += [f"verdict **{results['verdict'].upper()}** (exit {results['exit_code']}), profile `{run.get('profile')}`, "
+             f"seed `{run.get('seed')}`, {results['examples']} examples in {duration}, "
              f"near-ties {results['near_ties']}", "",
              f"versions: `{json.dumps(run.get('versions', {}))}`", "",
              "| check | status | bug class | claim | notes |", "|---|---|---|---|---|"]
@@ -93,6 +117,9 @@ def report_md(results: Mapping[str, Any]) -> str:
         lines += ["", "## Failures", ""]
         for f, replay in failures:
             lines += _failure_md(Failure.from_json(f), replay)
+    if results["minimised"]:
+        lines += ["", "## Minimised witnesses (`--minimise`)", ""]
+        lines += [f"- `{check}`: {line}" for check, line in results["minimised"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -135,6 +162,7 @@ pre{{background:#f5f5f5;padding:8px;overflow:auto;max-height:30em}}.f{{border-le
 <p>Verdict <b style="color:{COLORS.get(results['verdict'], '#000')}">{results['verdict'].upper()}</b>
 (exit {results['exit_code']}); profile {html.escape(str(run.get('profile')))}; seed {run.get('seed')};
 {results['examples']} examples in {results['duration_s']} s; near-ties {results['near_ties']}.</p>
+{'' if results['finished'] else '<p><b>' + ('INTERRUPTED' if results['interrupted'] else 'INCOMPLETE') + ': this run did not finish.</b> The checks read what was recorded.</p>'}
 {_svg(results)}
 <table><tr><th>check</th><th>status</th><th>class</th><th>claim</th><th>notes</th></tr>{rows}</table>
 {'<h2>Engine errors</h2><ul>' + errors + '</ul>' if errors else ''}
@@ -169,11 +197,24 @@ def junit_xml(results: Mapping[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_report(run_dir: Path, history: History, analysis: Analysis, duration_s: float = 0.0) -> dict:
-    """Write every report file into `run_dir` (history.jsonl is already there) and return results."""
+def previous_results(run_dir: Path) -> dict[str, Any]:
+    """The CARRIED values of the results.json already in `run_dir` (none if absent or unreadable)."""
+    try:
+        old = json.loads((Path(run_dir) / "results.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: old[k] for k in CARRIED if isinstance(old, dict) and old.get(k) is not None}
+
+
+def write_report(run_dir: Path, history: History, analysis: Analysis, duration_s: float | None = None,
+                 **carried: Any) -> dict:
+    """Write every report file into `run_dir` (history.jsonl is already there) and return results. The
+    one writer of every report file: a later addition (minimised witnesses) rewrites the report through
+    here, and re-analysis keeps what the history cannot give back (`CARRIED`)."""
     run_dir = Path(run_dir)
     witnesses = write_witnesses(run_dir, history, analysis)
-    results = results_json(history, analysis, witnesses, duration_s)
+    carried = {**previous_results(run_dir), **{k: v for k, v in carried.items() if v is not None}}
+    results = results_json(history, analysis, witnesses, duration_s, carried)
     (run_dir / "results.json").write_text(json.dumps(results, indent=1))
     md = report_md(results)
     (run_dir / "report.md").write_text(md)

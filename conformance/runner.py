@@ -5,7 +5,8 @@ outputs), records every call in the history and asks the memoized oracle for bas
 the whole product in one call: a Hypothesis `@given` over scenarios against one engine instance, each
 example checked so failures shrink, then the stored history re-analysed into per-check verdicts and
 written as a report. Any engine crash, hang or malformed answer ends the run as `error` with a one-line
-cause; the partial history stays on disk.
+cause; the partial history stays on disk. So does a run the user interrupts (Ctrl-C) or whose history
+cannot be written (disk full): what was recorded is kept, the verdict is `error`.
 """
 
 from __future__ import annotations
@@ -13,25 +14,25 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
-import queue
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence
 
 from attrs import define
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from conformance import validation
 from conformance.analysis import Analysis, analyse, example_failures, select_checks
-from conformance.contract import FINISH_REASONS, Capabilities, Engine, EngineError, Introspectable, Request, Result
-from conformance.history import HistoryWriter, encode, parse
+from conformance.calls import EngineCalls, one_line
+from conformance.contract import Capabilities, Engine, EngineError, Introspectable, Request, UsageError
+from conformance.history import HistoryWriteError, HistoryWriter, encode, parse
 from conformance.oracle import Oracle
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
 from conformance.verdicts import CheckResult, Failure
 
-T = TypeVar("T")
+DEFAULT_REPORT_DIR = ".kvparity/runs"  # untracked (git-ignored): a user's run never writes into reports/
 
 # --------------------------------------------------------------------------- Hypothesis profiles
 
@@ -52,8 +53,6 @@ PROFILES = {"dev": 4, "ci": 6, "nightly": 8}  # profile -> max steps per scenari
 
 def profile_settings(profile: str) -> settings:
     if profile not in PROFILES:
-        from conformance.contract import UsageError
-
         raise UsageError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
     return settings.get_profile(f"kvparity-{profile}")
 
@@ -61,83 +60,13 @@ def profile_settings(profile: str) -> settings:
 # --------------------------------------------------------------------------- one scenario
 
 
-class _Worker:
-    """One long-lived daemon thread that runs engine calls, so a timeout can be enforced without
-    paying a thread start per call. A call that hangs abandons the worker; the next call gets a new one."""
-
-    def __init__(self) -> None:
-        self.jobs: queue.Queue = queue.Queue()
-        threading.Thread(target=self._loop, name="kvparity-engine-call", daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            fn, box, done = self.jobs.get()
-            try:
-                box["value"] = fn()
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = exc
-            done.set()
-
-
-_worker: _Worker | None = None
-
-
-def call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
-    """Run `fn` on the engine-call thread; a hang past `timeout` becomes an EngineError (the thread is
-    abandoned, which is why the run then stops: the engine is no longer trustworthy)."""
-    global _worker
-    if _worker is None:
-        _worker = _Worker()
-    box: dict[str, Any] = {}
-    done = threading.Event()
-    _worker.jobs.put((fn, box, done))
-    if not done.wait(timeout):
-        _worker = None
-        raise EngineError(f"{what} timed out after {timeout:g}s")
-    if "error" in box:
-        exc = box["error"]
-        if isinstance(exc, EngineError):
-            raise exc
-        raise EngineError(f"{what} raised {type(exc).__name__}: {one_line(exc)}") from exc
-    return box["value"]
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else "")[:300]
-
-
-def scalars(snapshot: Mapping[str, Any]) -> dict[str, Any]:
-    """The scalar keys of a snapshot (what the checks read). Per-block listings can be megabytes per
-    batch; the history keeps the counts, the engine's own debugging keeps the rest."""
-    if not isinstance(snapshot, Mapping):
-        raise EngineError(f"snapshot() returned {type(snapshot).__name__}, not a mapping")
-    return {str(k): v for k, v in snapshot.items() if v is None or isinstance(v, (bool, int, float, str))}
-
-
-def validate_results(requests: Sequence[Request], results: Any, caps: Capabilities) -> list[Result]:
-    """Malformed answers are engine errors, never silently checked."""
-    if not isinstance(results, (list, tuple)) or len(results) != len(requests):
-        raise EngineError(f"run() returned {type(results).__name__} of length "
-                          f"{len(results) if hasattr(results, '__len__') else '?'} for {len(requests)} requests")
-    for q, r in zip(requests, results):
-        if not isinstance(r, Result):
-            raise EngineError(f"run() returned {type(r).__name__} for request {q.id}, not Result")
-        if r.request_id != q.id:
-            raise EngineError(f"result for {r.request_id!r} where {q.id!r} was expected (results out of order)")
-        if r.finish_reason not in FINISH_REASONS:
-            raise EngineError(f"request {q.id}: unknown finish_reason {r.finish_reason!r}")
-        if any(not 0 <= t < caps.vocab_size for t in r.output):
-            raise EngineError(f"request {q.id}: output token outside the vocabulary of {caps.vocab_size}")
-    return list(results)
-
-
 class ScenarioRunner:
     """Executes scenarios against one engine, writing every call to the history as it happens."""
 
     def __init__(self, engine: Engine, writer: HistoryWriter, oracle: Oracle, caps: Capabilities,
-                 timeout_s: float = 300.0) -> None:
-        self.engine, self.writer, self.oracle, self.caps, self.timeout_s = engine, writer, oracle, caps, timeout_s
+                 timeout_s: float = 300.0, calls: EngineCalls | None = None) -> None:
+        self.engine, self.writer, self.oracle, self.caps = engine, writer, oracle, caps
+        self.calls = calls or EngineCalls(timeout_s)
         self.introspect = caps.introspection and isinstance(engine, Introspectable)
         self.resolved: dict[str, tuple[Request, Result]] = {}
 
@@ -157,8 +86,7 @@ class ScenarioRunner:
         """Execute one step; returns the resolved requests of a batch (empty otherwise)."""
         if isinstance(step, Configure):
             self.writer.append("config", config=dict(step.config))
-            self._guarded([], lambda: call_with_timeout(lambda: self.engine.configure(dict(step.config)),
-                                                       self.timeout_s, "configure"))
+            self._guarded([], lambda: self.calls(lambda: self.engine.configure(dict(step.config)), "configure"))
             return []
         if isinstance(step, Reset):
             self._guarded([], self.reset)
@@ -168,31 +96,28 @@ class ScenarioRunner:
         return pending
 
     def _guarded(self, pending: list[Request], action: Callable[[], Any]) -> None:
-        """Run an engine action; on any failure record an `error` event (with the requests in flight and,
-        for a failed batch of an introspectable engine, a snapshot of its pool) and raise EngineError with
-        a one-line cause."""
+        """Run an engine action; on any failure record an `error` event (for a failed batch of an
+        introspectable engine with a snapshot of its pool; the batch's requests are already recorded by
+        its `submit`) and raise EngineError with a one-line cause naming the requests in flight."""
         try:
             action()
-        except EngineError as exc:
-            self.writer.append("error", cause=one_line(exc), requests=[encode(q) for q in pending],
-                               snapshot=self._snapshot_after_failure(pending))
-            raise
         except Exception as exc:  # noqa: BLE001 - anything unexpected is an engine error with a cause
-            cause = f"{type(exc).__name__}: {one_line(exc)}"
-            self.writer.append("error", cause=cause, requests=[encode(q) for q in pending],
-                               snapshot=self._snapshot_after_failure(pending))
+            cause = one_line(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {one_line(exc)}"
+            if pending:
+                cause += f" (requests {', '.join(q.id for q in pending)})"
+            self.writer.append("error", cause=cause, snapshot=self._snapshot_after_failure(pending))
             raise EngineError(cause) from exc
 
     def _snapshot(self) -> dict[str, Any] | None:
         """The white-box snapshot's scalars, or None for an engine that is not introspectable."""
         if not self.introspect:
             return None
-        return scalars(call_with_timeout(self.engine.snapshot, self.timeout_s, "snapshot"))  # type: ignore[attr-defined]
+        return validation.snapshot(self.calls(self.engine.snapshot, "snapshot"))  # type: ignore[attr-defined]
 
     def _snapshot_after_failure(self, pending: list[Request]) -> dict[str, Any] | None:
         """The pool after a batch the engine failed: a stall is often a leak's last symptom (blocks never
         freed until nothing can be scheduled), and the snapshot says which. None when there is none."""
-        if not pending:
+        if not pending or self.calls.abandoned:  # a hung engine is not asked again
             return None
         try:
             return self._snapshot()
@@ -200,7 +125,7 @@ class ScenarioRunner:
             return None
 
     def reset(self) -> None:
-        call_with_timeout(self.engine.reset, self.timeout_s, "reset")
+        self.calls(self.engine.reset, "reset")
         self.writer.append("reset", snapshot=self._snapshot())
 
     def resolve(self, item: Request | Continuation, resolved: Mapping[str, tuple[Request, Result]]) -> Request:
@@ -219,17 +144,21 @@ class ScenarioRunner:
                        item.identity)
 
     def batch(self, requests: list[Request], resolved: dict[str, tuple[Request, Result]]) -> None:
-        raw = call_with_timeout(lambda: self.engine.run(list(requests)), self.timeout_s, "run")
-        results = validate_results(requests, raw, self.caps)
-        self.writer.append("batch", requests=requests, results=results, snapshot=self._snapshot())
+        """Record the requests, then call the engine: the request that kills an engine is in the history."""
+        self.writer.append("submit", requests=requests)
+        raw = self.calls(lambda: self.engine.run(list(requests)), "run")
+        results = validation.results(requests, raw, self.caps)
+        self.writer.append("batch", results=results, snapshot=self._snapshot())
         for q, r in zip(requests, results):
             resolved[q.id] = (q, r)
         for q in requests:
-            call_with_timeout(lambda q=q: self.oracle(q), self.timeout_s, "baseline")
+            if self.oracle.missing(q):  # computed on the engine-call thread, recorded from this one
+                b = self.calls(lambda q=q: validation.baseline(q, self.engine.baseline(q), self.caps), "baseline")
+                self.oracle.store(q, b)
 
 
 def replay(engine: Engine, caps: Capabilities, steps: Sequence[Step], check: str,
-           timeout_s: float = 300.0) -> tuple[CheckResult, str | None]:
+           timeout_s: float = 300.0, calls: EngineCalls | None = None) -> tuple[CheckResult, str | None]:
     """Run `steps` once on `engine` (one example, from a cold cache) and apply `check` to what was
     recorded. Returns the check's result and the engine error that cut the run short, if one did: a
     crash decides nothing by itself, but what was recorded before it (a failed batch's snapshot) may."""
@@ -238,9 +167,10 @@ def replay(engine: Engine, caps: Capabilities, steps: Sequence[Step], check: str
     oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
     crashed = None
     try:
-        ScenarioRunner(engine, writer, oracle, caps, timeout_s).run(list(steps), 0)
+        ScenarioRunner(engine, writer, oracle, caps, timeout_s, calls).run(list(steps), 0)
     except EngineError as exc:
         crashed = str(exc)
+    writer.append("run_end", examples=1)
     return analyse(parse(writer.events), [check]).checks[check], crashed
 
 
@@ -265,6 +195,9 @@ class RunOutcome:
     analysis: Analysis
     duration_s: float
     examples: int
+    interrupted: bool = False  # the user stopped it (Ctrl-C): exit 130, the report says so
+    abandoned: bool = False  # an engine call hung and its thread was left behind
+    report_error: str | None = None  # the report files could not be written (disk full)
 
     @property
     def verdict(self) -> str:
@@ -272,7 +205,7 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        return self.analysis.exit_code
+        return 130 if self.interrupted else self.analysis.exit_code
 
 
 def versions(caps: Capabilities) -> dict[str, str]:
@@ -302,26 +235,30 @@ def new_run_dir(report_dir: str | os.PathLike[str], engine_name: str) -> Path:
 
 def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str] | None = None,
               profile: str = "dev", checks: Sequence[str] | None = None,
-              report_dir: str | os.PathLike[str] = "reports", seed: int | None = None,
+              report_dir: str | os.PathLike[str] = DEFAULT_REPORT_DIR, seed: int | None = None,
               max_examples: int | None = None, timeout_s: float = 300.0,
-              database_dir: str | os.PathLike[str] | None = None, shrink: bool = True) -> RunOutcome:
-    """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/`."""
+              database_dir: str | os.PathLike[str] | None = None, shrink: bool = True,
+              run_dir: str | os.PathLike[str] | None = None, calls: EngineCalls | None = None) -> RunOutcome:
+    """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/` (or `run_dir`).
+
+    Fail closed: an engine error, a history that cannot be written and a Ctrl-C all end the run with
+    what was recorded kept and analysed; only a run that wrote its `run_end` can pass."""
     from conformance.report import write_report
 
     names = select_checks(checks)
     base_settings = profile_settings(profile)
+    calls = calls or EngineCalls(timeout_s)
     started = time.monotonic()
-    run_dir = new_run_dir(report_dir, engine_name)
+    run_dir = Path(run_dir) if run_dir is not None else new_run_dir(report_dir, engine_name)
     writer = HistoryWriter(run_dir / "history.jsonl")
     examples = 0
+    interrupted = False
     try:
-        caps = call_with_timeout(engine.capabilities, timeout_s, "capabilities")
-        if not isinstance(caps, Capabilities):
-            raise EngineError(f"capabilities() returned {type(caps).__name__}, not Capabilities")
+        caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         writer.append("run_start", engine=engine_name, engine_args=dict(engine_args or {}), capabilities=caps,
                       versions=versions(caps), seed=seed, profile=profile, checks=names)
         oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
-        runner = ScenarioRunner(engine, writer, oracle, caps, timeout_s)
+        runner = ScenarioRunner(engine, writer, oracle, caps, calls=calls)
         db = DirectoryBasedExampleDatabase(str(Path(database_dir or ".hypothesis") / "kvparity" /
                                                engine_name.replace(":", "_").replace("/", "_")))
         overrides: dict[str, Any] = {"database": db}
@@ -356,22 +293,50 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
             pass  # already recorded as an `error` event
         except (ConformanceFailure, AssertionError):
             pass  # recorded in the history; analysis below reports the shrunk witness
+        except (KeyboardInterrupt, HistoryWriteError):
+            raise
         except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
-            if isinstance(exc, KeyboardInterrupt):
-                writer.append("error", cause="interrupted")
-                raise
             if not _only_conformance(exc):
                 writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
-        writer.append("run_end", examples=examples)
+        writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
     except EngineError as exc:
         writer.append("error", cause=one_line(exc))
+        writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
+    except KeyboardInterrupt:
+        interrupted = True
+        _ignore_further_interrupts()
+        _record_quietly(writer, "interrupted", cause=f"Ctrl-C during example {max(examples - 1, 0)}")
+    except HistoryWriteError as exc:
+        _record_quietly(writer, "error", cause=str(exc))  # in memory: the file cannot take it
     finally:
         writer.close()
     history = parse(writer.events)
+    if writer.write_error and writer.write_error not in history.errors:
+        history.errors.append(writer.write_error)
     analysis = analyse(history, names)
-    outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples)
-    write_report(run_dir, history, analysis, duration_s=outcome.duration_s)
+    outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned)
+    try:
+        write_report(run_dir, history, analysis, duration_s=outcome.duration_s)
+    except OSError as exc:
+        outcome.report_error = f"cannot write the report in {run_dir}: {exc}"
     return outcome
+
+
+def _record_quietly(writer: HistoryWriter, event: str, **fields: Any) -> None:
+    """Record an event on the way out; if the disk cannot take it, it still lands in memory."""
+    try:
+        writer.append(event, **fields)
+    except HistoryWriteError:
+        pass
+
+
+def _ignore_further_interrupts() -> None:
+    """After the first Ctrl-C the run is over; a second one must not cut the report it is writing."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _only_conformance(exc: BaseException) -> bool:

@@ -48,12 +48,12 @@ def test_run_buggy_engine_exits_1_and_replay_reproduces_then_fixed(tmp_path, cap
     assert cli(tmp_path, "--engine-arg", "bug=salt_leak", "--checks", "isolation", "--no-shrink") == 1
     run_dir = only_run_dir(tmp_path)
     (witness,) = (run_dir / "witnesses").glob("isolation-*.json")
-    assert f"kvparity replay {witness}" in capsys.readouterr().out
-    assert main(["replay", str(witness)]) == 1
+    assert f"kvparity replay {witness} --engine {FAKE}" in capsys.readouterr().out
+    assert main(["replay", str(witness), "--engine", FAKE]) == 1
     assert capsys.readouterr().out.startswith("FAILED")
-    assert main(["replay", str(witness), "--engine-arg", "bug=none"]) == 0  # the "fixed" engine
+    assert main(["replay", str(witness), "--engine", FAKE, "--engine-arg", "bug=none"]) == 0  # the "fixed" engine
     assert capsys.readouterr().out.startswith("FIXED")
-    assert main(["replay", str(witness), "--engine-arg", "bug=crash"]) == 3
+    assert main(["replay", str(witness), "--engine", FAKE, "--engine-arg", "bug=crash"]) == 3
     assert capsys.readouterr().out.startswith("ERROR")
 
 
@@ -62,13 +62,13 @@ def test_minimise_writes_a_smaller_witness_that_still_fails(tmp_path, capsys):
     run_dir = only_run_dir(tmp_path)
     out = capsys.readouterr().out
     (small,) = (run_dir / "witnesses").glob("isolation-*.min.json")
-    assert f"minimised: kvparity replay {small}" in out
+    assert f"minimised [isolation]: kvparity replay {small} --engine {FAKE}" in out
     assert f"kvparity replay {small}" in (run_dir / "report.md").read_text()
     original = run_dir / "witnesses" / json.loads(small.read_text())["minimised_from"]
     as_steps = [[step_from_json(s) for s in json.loads(p.read_text())["steps"]] for p in (small, original)]
     assert size(as_steps[0]) < size(as_steps[1])
-    assert main(["replay", str(small)]) == 1
-    assert main(["replay", str(small), "--engine-arg", "bug=none"]) == 0
+    assert main(["replay", str(small), "--engine", FAKE]) == 1
+    assert main(["replay", str(small), "--engine", FAKE, "--engine-arg", "bug=none"]) == 0
 
 
 def test_run_with_unexercised_claims_exits_2(tmp_path):

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hypothesis import given, settings
 
+from conformance.analysis import analyse
 from conformance.contract import Baseline, Capabilities, Identity, Request, Result
-from conformance.history import (HistoryWriter, capabilities_from, encode, load, read_events, request_from,
+from conformance.history import (HistoryWriter, NotAHistory, capabilities_from, encode, load, read_events, request_from,
                                  result_from)
 from conformance.oracle import DIVERGE, EQUAL, FINISH, NEAR_TIE, Oracle, compare, compare_pair
 from conformance.strategies import (Batch, Configure, Continuation, all_identities, max_prompt_len, scenarios,
@@ -27,7 +30,7 @@ def test_contract_values_round_trip_through_json():
     assert capabilities_from(json.loads(json.dumps(encode(CAPS)))) == CAPS
 
 
-def test_history_is_on_disk_before_checking_and_a_torn_line_is_dropped(tmp_path):
+def test_history_is_on_disk_before_checking_and_a_torn_line_is_reported(tmp_path):
     path = tmp_path / "history.jsonl"
     w = HistoryWriter(path)
     w.append("run_start", engine="e", capabilities=CAPS)
@@ -36,9 +39,65 @@ def test_history_is_on_disk_before_checking_and_a_torn_line_is_dropped(tmp_path)
     assert len(path.read_text().splitlines()) == 3  # flushed, without closing
     with open(path, "a") as fh:
         fh.write('{"event": "batch", "requ')  # the process died mid-write
-    assert len(read_events(path)) == 3
+    events, problems = read_events(path)
+    assert len(events) == 3
+    assert problems == ["history.jsonl line 4 is torn: the process died while writing it"]
     h = load(path)
     assert h.capabilities == CAPS and h.examples[0].batches[0].results[0].output == (7,)
+    assert problems[0] in h.errors and h.incomplete().startswith("run did not finish: 1 examples recorded")
+
+
+def _finished_history(path, n_examples=3):
+    w = HistoryWriter(path)
+    w.append("run_start", engine="e", capabilities=CAPS)
+    for i in range(n_examples):
+        w.append("example", index=i)
+        w.append("submit", requests=[Request(f"a{i}", [1, 2], 1)])
+        w.append("batch", results=[Result(f"a{i}", [7], "length")])
+    w.append("run_end", examples=n_examples, duration_s=1.5)
+    w.close()
+    return path
+
+
+def test_a_corrupt_line_in_the_middle_is_an_error_naming_the_line(tmp_path):
+    path = _finished_history(tmp_path / "history.jsonl")
+    lines = path.read_text().splitlines()
+    lines[4] = lines[4][:-7] + "garbage"  # line 5 of 12
+    path.write_text("\n".join(lines) + "\n")
+    h = load(path)
+    assert "history.jsonl line 5 is not a history event; lines after 4 were not read" in h.errors
+    assert analyse(h).verdict == "error"
+
+
+def test_a_clean_history_has_no_errors_and_its_duration(tmp_path):
+    h = load(_finished_history(tmp_path / "history.jsonl"))
+    assert h.errors == [] and h.incomplete() is None and h.duration_s == 1.5
+    assert [len(ex.batches) for ex in h.examples] == [1, 1, 1]
+
+
+def test_a_history_without_run_end_is_incomplete_and_names_the_request_in_flight(tmp_path):
+    path = _finished_history(tmp_path / "history.jsonl")
+    lines = path.read_text().splitlines()[:-2]  # the last answer and run_end never came
+    path.write_text("\n".join(lines) + "\n")
+    h = load(path)
+    assert h.incomplete() == ("run did not finish: 3 examples recorded, last event submit "
+                              "(requests a2 submitted, never answered)")
+    assert analyse(h).verdict == "error"
+    assert h.examples[-1].steps()[-1]["requests"][0]["id"] == "a2"  # replayable
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", '{"event": "example", "index": 0}\n'])
+def test_an_empty_file_or_one_without_run_start_is_not_a_history(tmp_path, text):
+    path = tmp_path / "history.jsonl"
+    path.write_text(text)
+    with pytest.raises(NotAHistory):
+        read_events(path)
+
+
+def test_non_finite_numbers_are_never_written(tmp_path):
+    w = HistoryWriter(tmp_path / "history.jsonl")
+    with pytest.raises(ValueError):
+        w.append("batch", results=[Result("a", [7], "length", timings={"ttft": float("nan")})])
 
 
 def test_oracle_is_memoized_by_oracle_key_and_ignores_salt():

@@ -1,0 +1,135 @@
+"""The boundary: every value an engine hands the suite is checked here before it is recorded or checked.
+
+A malformed answer (a string where a count belongs, NaN in a timing, a token outside the vocabulary)
+would otherwise crash a check — or, worse, be written into the history as something that is not JSON
+and re-read as something else. Each rule raises `EngineError` naming the request and the field, so a
+malformed answer is an `error` verdict with a one-line cause, never a pass and never a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from conformance.contract import FINISH_REASONS, Baseline, Capabilities, EngineError, Request, Result
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_finite(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def json_safe(value: Any, where: str) -> None:
+    """Raise unless `value` is plain JSON data with finite numbers (what the history can hold)."""
+    if value is None or isinstance(value, (bool, str)) or _is_int(value):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise EngineError(f"{where} is {value!r}, not a finite number")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            json_safe(v, f"{where}[{i}]")
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise EngineError(f"{where} has a key {k!r} that is not a string")
+            json_safe(v, f"{where}.{k}")
+        return
+    raise EngineError(f"{where} is a {type(value).__name__}, not JSON data")
+
+
+def _count(value: Any, where: str) -> None:
+    if value is not None and (not _is_int(value) or value < 0):
+        raise EngineError(f"{where} is {value!r}, not a count (an integer >= 0, or None)")
+
+
+def _tokens(tokens: Sequence[Any], vocab: int, where: str) -> None:
+    for i, t in enumerate(tokens):
+        if not _is_int(t) or not 0 <= t < vocab:
+            raise EngineError(f"{where}[{i}] = {t!r} is not a token id of the vocabulary of {vocab}")
+
+
+def capabilities(caps: Any) -> Capabilities:
+    """The engine's claims must be usable: the strategies size everything from them."""
+    if not isinstance(caps, Capabilities):
+        raise EngineError(f"capabilities() returned {type(caps).__name__}, not Capabilities")
+    for name in ("vocab_size", "max_context", "block_size"):
+        value = getattr(caps, name)
+        if not _is_int(value) or value < 1:
+            raise EngineError(f"capabilities().{name} is {value!r}, not a positive integer")
+    if caps.eos_id is not None and (not _is_int(caps.eos_id) or not 0 <= caps.eos_id < caps.vocab_size):
+        raise EngineError(f"capabilities().eos_id is {caps.eos_id!r}, not a token id")
+    if not _is_finite(caps.tolerance) or caps.tolerance < 0:
+        raise EngineError(f"capabilities().tolerance is {caps.tolerance!r}, not a finite number >= 0")
+    json_safe(dict(caps.config_space), "capabilities().config_space")
+    return caps
+
+
+def results(requests: Sequence[Request], answer: Any, caps: Capabilities) -> list[Result]:
+    """`run()`'s answer: one well-formed `Result` per request, in request order."""
+    if not isinstance(answer, (list, tuple)) or len(answer) != len(requests):
+        size = len(answer) if hasattr(answer, "__len__") else "?"
+        raise EngineError(f"run() returned {type(answer).__name__} of length {size} for {len(requests)} requests")
+    for q, r in zip(requests, answer):
+        result(q, r, caps)
+    return list(answer)
+
+
+def result(q: Request, r: Any, caps: Capabilities) -> None:
+    where = f"request {q.id}"
+    if not isinstance(r, Result):
+        raise EngineError(f"run() returned {type(r).__name__} for {where}, not Result")
+    if r.request_id != q.id:
+        raise EngineError(f"result for {r.request_id!r} where {q.id!r} was expected (results out of order)")
+    if r.finish_reason not in FINISH_REASONS:
+        raise EngineError(f"{where}: unknown finish_reason {r.finish_reason!r}")
+    _tokens(r.output, caps.vocab_size, f"{where}: output")
+    for name in ("cached_tokens", "draft_proposed", "draft_accepted", "evictions", "prefill_chunks"):
+        _count(getattr(r, name, None), f"{where}: {name}")
+    if r.top2 is not None:
+        if not isinstance(r.top2, (tuple, list)) or len(r.top2) > len(r.output):
+            raise EngineError(f"{where}: top2 must hold at most one entry per output token")
+        for i, entry in enumerate(r.top2):
+            if (not isinstance(entry, (tuple, list)) or len(entry) != 4 or not _is_int(entry[0]) or not _is_int(entry[2])
+                    or not _is_finite(entry[1]) or not _is_finite(entry[3])):
+                raise EngineError(f"{where}: top2[{i}] = {entry!r} is not (id, finite logit, id, finite logit)")
+    if not isinstance(r.timings, Mapping):
+        raise EngineError(f"{where}: timings is a {type(r.timings).__name__}, not a mapping")
+    for key, value in r.timings.items():
+        if not isinstance(key, str) or not _is_finite(value):
+            raise EngineError(f"{where}: timings[{key!r}] = {value!r} is not a finite number")
+    if not isinstance(r.extra, Mapping):
+        raise EngineError(f"{where}: extra is a {type(r.extra).__name__}, not a mapping")
+    json_safe(dict(r.extra), f"{where}: extra")
+
+
+def baseline(q: Request, b: Any, caps: Capabilities) -> Baseline:
+    """The oracle's answer is an engine answer too (the adapter's baseline mode or a reference model)."""
+    where = f"baseline for request {q.id}"
+    if not isinstance(b, Baseline):
+        raise EngineError(f"baseline() returned {type(b).__name__}, not Baseline")
+    if b.finish_reason not in FINISH_REASONS:
+        raise EngineError(f"{where}: unknown finish_reason {b.finish_reason!r}")
+    _tokens(b.output, caps.vocab_size, f"{where}: output")
+    _tokens(b.runner_up, caps.vocab_size, f"{where}: runner_up")
+    for i, m in enumerate(b.margins):
+        if not math.isfinite(m) or m < 0:
+            raise EngineError(f"{where}: margins[{i}] = {m!r} is not a finite number >= 0")
+    return b
+
+
+def snapshot(raw: Any) -> dict[str, Any]:
+    """The scalar keys of a white-box snapshot (what the checks read); per-block listings can be
+    megabytes per batch, so the history keeps the counts and the engine's own debugging keeps the rest."""
+    if not isinstance(raw, Mapping):
+        raise EngineError(f"snapshot() returned {type(raw).__name__}, not a mapping")
+    out = {str(k): v for k, v in raw.items() if v is None or isinstance(v, (bool, int, float, str))}
+    for key, value in out.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise EngineError(f"snapshot()[{key!r}] is {value!r}, not a finite number")
+    return out
