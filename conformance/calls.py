@@ -96,6 +96,10 @@ def watchdog(timeout_s: float, what: str, last_words: Callable[[str], None] | No
         with contextlib.suppress(BaseException):
             print(f"kvparity: engine error: {cause}", file=sys.stderr, flush=True)
             sys.stdout.flush()
+        with contextlib.suppress(BaseException):
+            from conformance.supervisor import tell
+
+            tell(exit=EXIT_ERROR)  # a deliberate exit, already explained: the supervisor passes it on
         os._exit(EXIT_ERROR)
 
     timer = threading.Timer(timeout_s, expire)

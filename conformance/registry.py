@@ -17,6 +17,7 @@ import inspect
 from importlib import metadata
 from typing import Any, Iterable, Mapping
 
+from conformance.calls import one_line
 from conformance.contract import Engine, EngineError, UsageError
 
 GROUP = "kvparity.adapters"
@@ -89,7 +90,7 @@ def load_engine(name: str, engine_args: Mapping[str, str] | None = None) -> Engi
     except (TypeError, ValueError) as exc:
         raise UsageError(f"bad engine arguments for {name!r}: {exc}") from exc
     except Exception as exc:  # noqa: BLE001
-        raise EngineError(f"engine {name!r} failed to start: {type(exc).__name__}: {exc}") from exc
+        raise EngineError(f"engine {name!r} failed to start: {type(exc).__name__}: {one_line(exc)}") from exc
     missing = [m for m in ("capabilities", "configure", "run", "reset", "baseline", "close")
                if not callable(getattr(engine, m, None))]
     if missing:
