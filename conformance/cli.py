@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--engine", required=True, help="adapter name (see `kvparity engines`) or module:Class")
     run.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
                      help="adapter argument (repeatable, each key once)")
-    run.add_argument("--profile", default="dev", choices=list(PROFILES))
+    run.add_argument("--profile", default="dev", choices=list(PROFILES),
+                     help="Hypothesis profile: dev 12 examples, ci 100 (derandomized), nightly 1000")
     run.add_argument("--checks", default="", help="comma-separated check names (empty: all)")
     run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR,
                      help="where run folders go (the default is git-ignored; reports/ is for committed results)")
@@ -92,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds per engine call before it counts as hung")
 
     report = sub.add_parser("report", help="re-analyse a stored run directory (its history.jsonl)", formatter_class=fmt)
-    report.add_argument("run_dir")
+    report.add_argument("run_dir", help="a run folder holding history.jsonl")
     report.add_argument("--checks", default="", help="comma-separated check names (empty: those the run chose)")
 
     sub.add_parser("engines", help="list the registered engine adapters", formatter_class=fmt)

@@ -97,6 +97,16 @@ def test_unknown_engine_exits_3_and_lists_known_names_with_did_you_mean(capsys):
     (["run", "--engine", "no_such_module:Engine"], "cannot import adapter module"),
     (["replay", "/nonexistent/witness.json"], "not a kvparity witness file"),
     (["report", "/nonexistent"], "no history.jsonl"),
+    (["run", "--engine", FAKE, "--max-examples", "0"], "argument --max-examples: 0 must be at least 1"),
+    (["run", "--engine", FAKE, "--max-examples", "-1"], "argument --max-examples: -1 must be at least 1"),
+    (["run", "--engine", FAKE, "--timeout", "0"], "must be a finite number of seconds above 0"),
+    (["run", "--engine", FAKE, "--timeout", "-5"], "must be a finite number of seconds above 0"),
+    (["run", "--engine", FAKE, "--timeout", "nan"], "must be a finite number of seconds above 0"),
+    (["run", "--engine", FAKE, "--timeout", "inf"], "must be a finite number of seconds above 0"),
+    (["run", "--engine", FAKE, "--profile", "bogus"], "argument --profile: invalid choice: 'bogus'"),
+    (["run", "--engine", FAKE, "--engine-arg", "bug=none", "--engine-arg", "bug=salt_leak"],
+     "--engine-arg bug given twice ('none' and 'salt_leak')"),
+    (["replay", "/nonexistent/witness.json", "--timeout", "0"], "must be a finite number of seconds above 0"),
 ])
 def test_usage_errors_exit_3_with_a_one_line_cause(argv, message, capsys):
     assert main(argv) == 3
@@ -106,6 +116,71 @@ def test_usage_errors_exit_3_with_a_one_line_cause(argv, message, capsys):
 
 def test_bad_cli_syntax_exits_3():
     assert main(["run"]) == 3  # --engine missing
+
+
+def test_a_report_dir_that_is_a_file_or_unwritable_is_refused_before_the_engine_starts(tmp_path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert main(["run", "--engine", FAKE, "--report-dir", str(a_file)]) == 3
+    assert capsys.readouterr().err.strip() == f"kvparity: error: --report-dir {a_file} is a file, not a folder"
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.access(locked, os.W_OK):  # root may write anywhere: a folder under a file cannot be made by anyone
+        locked = a_file / "runs"
+    assert main(["run", "--engine", FAKE, "--report-dir", str(locked)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "is not writable" in err and len(err.splitlines()) == 1
+
+
+def test_help_shows_every_default(capsys):
+    assert main(["run", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: dev)", "(default: .kvparity/runs)", "(default: 300.0)"):
+        assert default in out
+
+
+def test_default_report_dir_is_untracked():
+    from conformance.runner import DEFAULT_REPORT_DIR
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(["git", "check-ignore", "-q", DEFAULT_REPORT_DIR + "/x"], cwd=root)
+    if proc.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert proc.returncode == 0, f"{DEFAULT_REPORT_DIR} must be git-ignored"
+
+
+def _witness(tmp_path, **changes) -> Path:
+    data = {"kvparity_witness": 1, "engine": "reference", "engine_args": {}, "check": "parity",
+            "steps": [{"step": "batch", "requests": [{"id": "r0", "prompt": [5, 6], "max_tokens": 1}]}], **changes}
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_replay_never_imports_an_engine_a_witness_names(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    path = _witness(tmp_path, engine="os:system", engine_args={"command": f"touch {marker}"})
+    assert main(["replay", str(path)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert not marker.exists()
+    assert "names engine 'os:system', which is not a registered engine" in err
+    assert f"kvparity replay {path} --engine os:system" in err and len(err.splitlines()) == 1
+
+
+def test_replay_checks_the_witness_format_version(tmp_path, capsys):
+    assert main(["replay", str(_witness(tmp_path, kvparity_witness=2))]) == 3
+    assert "witness format version 2; this kvparity reads version 1" in capsys.readouterr().err
+
+
+def test_report_keeps_what_it_cannot_recompute(tmp_path, capsys):
+    assert cli(tmp_path, "--engine-arg", "bug=salt_leak", "--checks", "isolation", "--no-shrink", "--minimise") == 1
+    run_dir = only_run_dir(tmp_path)
+    before = json.loads((run_dir / "results.json").read_text())
+    assert before["duration_s"] > 0 and before["minimised"]
+    assert main(["report", str(run_dir)]) == 1
+    after = json.loads((run_dir / "results.json").read_text())
+    assert after["duration_s"] == before["duration_s"] and after["minimised"] == before["minimised"]
+    assert "## Minimised witnesses" in (run_dir / "report.md").read_text()
 
 
 def test_report_re_analyses_a_stored_history(tmp_path, capsys):
