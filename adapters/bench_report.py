@@ -1,5 +1,6 @@
 """Render `kvparity bench` data into its report folder (`--out`: by default .kvparity/economics/; the
-committed one is reports/economics/): report.md, report.html (links the PNGs beside it) and the plots. All numbers come from `conformance.economics`; matplotlib (Agg) is imported lazily."""
+committed one is reports/economics/): report.md, report.html (links the PNGs beside it) and the plots.
+All numbers come from `conformance.economics`; matplotlib (Agg) is imported lazily."""
 
 from __future__ import annotations
 

@@ -159,3 +159,44 @@ def test_ci_bench_on_reference_engine_writes_the_report(tmp_path):
         assert "| 12.0 |" in rows["plain"] and "| 9.0 |" in rows["n-gram k=5"]
         assert "| 18.0 |" in rows["draft model k=5"] and "| 0.40 |" in rows["draft model k=5"]
     assert elapsed < 90, f"CI bench took {elapsed:.0f}s"
+
+
+# -- the bench command: defaults and usage errors ----------------------------------------------------
+def test_bench_default_out_is_the_untracked_kvparity_folder():
+    from pathlib import Path
+
+    from adapters import bench
+
+    args = bench.build_parser().parse_args([])
+    assert Path(args.out) == Path(".kvparity/economics") and (args.engine, args.size, args.k) == ("reference", "ci", 4)
+
+
+def test_bench_help_shows_every_default(capsys, monkeypatch):
+    from conformance import cli
+
+    monkeypatch.setenv("COLUMNS", "400")
+    assert cli.main(["bench", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: .kvparity/economics)", "(default: reference)", "(default: ci)", "(default: 4)"):
+        assert default in out, default
+
+
+@pytest.mark.parametrize("argv", [["--k", "0"], ["--k", "-2"], ["--k", "nan"], ["--size", "huge"],
+                                  ["--engine", "vllm"], ["--bogus"], ["--out", "README.md"],
+                                  ["--out", "README.md/economics"]], ids=" ".join)
+def test_bench_usage_error_is_one_line_exit_3_before_any_engine(argv, capsys, monkeypatch):
+    from pathlib import Path
+
+    from adapters import bench
+    from conformance import cli
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # README.md: an existing file
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("bench ran an engine for a usage error")
+
+    monkeypatch.setattr(bench, "bench", refuse)
+    assert cli.main(["bench", *argv]) == 3
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("kvparity bench: error: ")
