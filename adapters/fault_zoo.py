@@ -85,7 +85,7 @@ class ZooRun:
         return self.max_examples != self.profile_max_examples
 
     def profile_words(self) -> str:
-        """"the `ci` profile", or with the override named, since the bars are defined for the profile."""
+        """The profile, and the example override if any: the bars are defined for the profile's own cap."""
         if not self.overridden:
             return f"the `{self.profile}` profile"
         return (f"the `{self.profile}` profile with `--max-examples {self.max_examples}` "
