@@ -551,12 +551,12 @@ class OpenAIHttpAdapter:
             extra["server_prompt_tokens"] = usage["prompt_tokens"]
             if self.prompt_mode == "text" and usage["prompt_tokens"] != extra["effective_prompt_tokens"]:
                 extra["server_prompt_mismatch"] = True  # the server tokenized the text differently
-        if self.budget is not None:  # certain lower bound: more uncached tokens than one step's budget
-            uncached = len(q.prompt) - (cached or 0)
-            extra["prefill_chunks"] = max(1, -(-uncached // self.budget))
-            extra["chunked"] = uncached > self.budget
+        chunks = None  # certain lower bound: more uncached tokens than one step's budget
+        if self.budget is not None:
+            chunks = max(1, -(-(len(q.prompt) - (cached or 0)) // self.budget))
         return Result(q.id, output, reason, cached_tokens=cached if self.reports_cached else None,
-                      top2=self._top2(lp) if self.want_logprobs else None, timings={"http_s": wall}, extra=extra)
+                      top2=self._top2(lp) if self.want_logprobs else None, timings={"http_s": wall},
+                      prefill_chunks=chunks, extra=extra)
 
     def _piece_map(self) -> dict[str, int]:
         """Token text -> id for every piece of the shipped vocabulary that decodes to a unique, non-empty string."""

@@ -54,6 +54,8 @@ CONFIG_SPACE = {
     "chunk_size": ("none", 5, 16),
     "token_budget": (4096, 24),
 }
+KNOB_ROLES = {"block_size": "cache", "pool_tokens": "cache", "drafter": "speculation", "k": "speculation",
+              "chunk_size": "schedule", "token_budget": "schedule"}
 _REGISTRY: ModelRegistry | None = None
 
 
@@ -129,7 +131,7 @@ class ReferenceAdapter:
             adapters=tuple(f"{name}@{digest}" for name in sorted(self.registry.adapters)
                            for digest in sorted(self.weights)),
             introspection=True, baseline_mode=True, tolerance=0.0,
-            config_space=CONFIG_SPACE, min_hit_prompt=c.block_size + 1,
+            config_space=CONFIG_SPACE, knob_roles=KNOB_ROLES, min_hit_prompt=c.block_size + 1,
             context_limits={"pool_tokens": {str(v): v for v in CONFIG_SPACE["pool_tokens"]}})
 
     def configure(self, config: Mapping[str, Any]) -> None:
@@ -200,8 +202,7 @@ class ReferenceAdapter:
     @staticmethod
     def _result(rep) -> Result:
         extra = {
-            "prompt_tokens": rep.prompt_tokens, "evictions": rep.evictions, "chunked": rep.chunked,
-            "prefill_chunks": rep.prefill_chunks, "preempted": rep.preemptions > 0, "preemptions": rep.preemptions,
+            "prompt_tokens": rep.prompt_tokens, "preemptions": rep.preemptions,
             "provisional_allocated": rep.provisional_allocated, "provisional_freed": rep.provisional_freed,
             "proposed_per_position": list(rep.proposed_per_position),
             "accepted_per_position": list(rep.accepted_per_position),
@@ -211,4 +212,5 @@ class ReferenceAdapter:
         timings = {k: v for k, v in (("ttft_s", rep.ttft_s), ("tpot_s", rep.tpot_s)) if v is not None}
         return Result(rep.request_id, rep.output, rep.finish_reason, cached_tokens=rep.cached_tokens,
                       draft_proposed=rep.draft_proposed, draft_accepted=rep.draft_accepted,
-                      timings=timings, extra=extra)
+                      timings=timings, evictions=rep.evictions, prefill_chunks=rep.prefill_chunks,
+                      preempted=rep.preemptions > 0, extra=extra)

@@ -74,6 +74,9 @@ class TransformersAdapter:
             baseline_mode=True,
             tolerance=0.0 if self.dtype == torch.float64 else FLOAT32_TOLERANCE,
             config_space={"mode": self.modes, "k": (1, 3, 5)},
+            # `mode` switches the whole generation path (plain, assisted, lookup, continuous batching),
+            # so a difference in it is judged as scheduling, as it was before roles were declared.
+            knob_roles={"mode": "schedule", "k": "speculation"},
             min_hit_prompt=self.config["page_size"] + 1,
         )
 

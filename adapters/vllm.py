@@ -26,7 +26,7 @@ What vLLM reports and how it maps onto the contract:
     per-request fields stay None (unknown).
   - chunked prefill is not reported per request. The adapter records what is *certain*: a request whose
     uncached prompt part exceeds the step budget cannot have been prefilled in one step
-    (extra["chunked"], extra["prefill_chunks"] = the lower bound ceil(uncached / budget)).
+    (Result.prefill_chunks = the lower bound ceil(uncached / budget)).
   - top-2: `logprobs=2`. The contract asks for logits; vLLM returns log-softmax values, whose top-1/top-2
     difference equals the logit margin, so Result.top2 carries logprobs.
   - finish: vLLM includes the stop token (eos or a `stop_token_ids` member) in `token_ids`, as kvparity's
@@ -60,6 +60,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "max_num_batched_tokens": ("none", 64),
     "prefix_caching": ("true", "false"),
 }
+KNOB_ROLES = {"spec": "speculation", "k": "speculation", "max_num_batched_tokens": "schedule",
+              "prefix_caching": "cache"}
 LORA_IDS = {"upper": 1, "rot13": 2}
 VOCAB, MAX_CONTEXT, EOS = 1024, 1024, 2
 
@@ -204,6 +206,8 @@ class VllmAdapter:
             revisions=self.revisions if "revision" in self.identities else self.revisions[:1],
             adapters=self.adapter_names if "adapter" in self.identities else (),
             introspection=False, baseline_mode=False, tolerance=self.tolerance, config_space=space,
+            knob_roles={k: KNOB_ROLES[k] for k in space},
+            prefix_caching_off={"prefix_caching": ("false",)} if "prefix_caching" in space else {},
             min_hit_prompt=self.block_size + 1)
 
     def configure(self, config: Mapping[str, Any]) -> None:
@@ -371,10 +375,7 @@ class VllmAdapter:
             extra: dict[str, Any] = {"prompt_tokens": len(q.prompt), "engine_revision": revision,
                                      "vllm_finish_reason": comp.finish_reason,
                                      "vllm_stop_reason": comp.stop_reason}
-            if budget is not None:
-                uncached = len(q.prompt) - (cached or 0)
-                extra["prefill_chunks"] = max(1, math.ceil(uncached / budget))
-                extra["chunked"] = uncached > budget
+            chunks = None if budget is None else max(1, math.ceil((len(q.prompt) - (cached or 0)) / budget))
             solo = len(part) == 1
             if spec and not solo:
                 extra["batch_draft_proposed"], extra["batch_draft_accepted"] = proposed, accepted
@@ -383,5 +384,5 @@ class VllmAdapter:
                 draft_proposed=proposed if spec and solo else None,
                 draft_accepted=accepted if spec and solo else None,
                 top2=top2_from_logprobs(comp.logprobs) if self.want_logprobs else None,
-                timings={"batch_wall_s": wall}, extra=extra))
+                timings={"batch_wall_s": wall}, prefill_chunks=chunks, extra=extra))
         return results

@@ -61,7 +61,7 @@ class Analysis:
     def to_json(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "exit_code": self.exit_code, "errors": self.errors,
                 "near_ties": self.near_ties,
-                "checks": {name: {"status": r.status, "title": CHECKS[name].title, "severity": CHECKS[name].severity,
+                "checks": {name: {"status": r.status, "title": CHECKS[name].title, "severity": CHECKS[name].severity.value,
                                   "bug_class": CHECKS[name].bug_class, "notes": list(r.notes), "stats": dict(r.stats),
                                   "failures": [f.to_json() for f in r.failures]}
                            for name, r in self.checks.items()}}

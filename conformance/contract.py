@@ -61,17 +61,19 @@ class Request:
 
 FINISH_REASONS = ("eos", "stop", "length", "abort")
 
+# What a difference in a configuration knob tests (Capabilities.knob_roles): the drafter, k or
+# speculation on/off; the cache (size, block size, prefix caching on/off); or scheduling (chunk size,
+# token budget, batch limits, preemption policy).
+KNOB_ROLES = ("speculation", "cache", "schedule")
+
 
 @frozen
 class Result:
     """What an engine said about one request. `None` means "the engine does not report this".
 
-    `extra` keys the checks read (all optional; absent means "not reported"):
-      "evictions"       int   blocks evicted while serving this request (eviction_safety, exercised)
-      "prefill_chunks"  int   chunks the uncached prompt was prefilled in; > 1 means chunked
-      "chunked"         bool  alternative to prefill_chunks
-      "preempted"       bool  the request was preempted and resumed (schedule_independence)
-    Anything else is kept in the history for humans.
+    Every field a check reads is a typed field here (httpx's lesson: explicit core fields, an open
+    mapping only for optional data). `extra` is for humans: it is kept in the history and shown in
+    reports, and no check reads it.
     """
 
     request_id: str
@@ -83,6 +85,10 @@ class Result:
     # Per output token: (top1_id, top1_logit, top2_id, top2_logit) where the engine exposes them.
     top2: tuple[tuple[int, float, int, float], ...] | None = None
     timings: Mapping[str, float] = field(factory=dict)
+    # Scheduling facts (eviction_safety, schedule_independence, exercised):
+    evictions: int | None = None  # blocks (or KV positions) evicted while serving this request
+    prefill_chunks: int | None = None  # pieces the uncached prompt was prefilled in; > 1 means chunked
+    preempted: bool | None = None  # the request was preempted and resumed
     extra: Mapping[str, Any] = field(factory=dict)
 
 
@@ -120,12 +126,13 @@ class Capabilities:
     baseline_mode: bool = False
     # Tie tolerance tau: a divergence where the baseline margin is below tau is a near-tie, not a failure.
     tolerance: float = 0.0
-    # Engine configurations the strategies may draw from: knob -> allowed values. The knob's *name*
-    # says which claim a difference tests (conformance.checks.knob_role): names containing spec / draft /
-    # assist / lookup / ngram / gamma, or exactly "k", are speculation knobs; cache / block / pool / evict /
-    # memory / kv / prefix are cache knobs; anything else (chunk size, token budget, max batch) is
-    # scheduling. A knob whose name contains "prefix" set to false/0/off disables the positive control.
+    # Engine configurations the strategies may draw from: knob -> allowed values (the first is what
+    # shrinking goes to). Each knob declares in `knob_roles` which claim a difference in it tests, one of
+    # KNOB_ROLES; `prefix_caching_off` names the knob values that switch prefix caching off (the
+    # positive control expects no hit under them).
     config_space: Mapping[str, tuple[Any, ...]] = field(factory=dict)
+    knob_roles: Mapping[str, str] = field(factory=dict)
+    prefix_caching_off: Mapping[str, tuple[Any, ...]] = field(factory=dict)
     # Configurations that hold fewer tokens per request than `max_context`: knob -> {str(value): the most
     # tokens (prompt + max_tokens) one request may take under it}. A KV pool of a few blocks is how an
     # engine is made to evict under short requests, and it cannot hold a long one (vLLM refuses to start

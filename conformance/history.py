@@ -64,11 +64,17 @@ def request_from(d: Mapping[str, Any]) -> Request:
 
 def result_from(d: Mapping[str, Any]) -> Result:
     top2 = d.get("top2")
+    extra = dict(d.get("extra") or {})
+    # Histories written before the scheduling facts were typed fields carried them in `extra`.
+    chunks = d.get("prefill_chunks", extra.get("prefill_chunks"))
+    if chunks is None and extra.get("chunked") is not None:
+        chunks = 2 if extra["chunked"] else 1
     return Result(request_id=d["request_id"], output=d["output"], finish_reason=d["finish_reason"],
                   cached_tokens=d.get("cached_tokens"), draft_proposed=d.get("draft_proposed"),
                   draft_accepted=d.get("draft_accepted"),
                   top2=None if top2 is None else tuple(tuple(t) for t in top2),
-                  timings=dict(d.get("timings") or {}), extra=dict(d.get("extra") or {}))
+                  timings=dict(d.get("timings") or {}), evictions=d.get("evictions", extra.get("evictions")),
+                  prefill_chunks=chunks, preempted=d.get("preempted", extra.get("preempted")), extra=extra)
 
 
 def baseline_from(d: Mapping[str, Any]) -> Baseline:
@@ -81,8 +87,23 @@ def capabilities_from(d: Mapping[str, Any]) -> Capabilities:
     d["revisions"] = tuple(d.get("revisions", ("a",)))
     d["adapters"] = tuple(d.get("adapters", ()))
     d["config_space"] = {k: tuple(v) for k, v in (d.get("config_space") or {}).items()}
+    d["prefix_caching_off"] = {k: tuple(v) for k, v in (d.get("prefix_caching_off") or {}).items()}
+    if "knob_roles" not in d:  # written before knobs declared their roles
+        d["knob_roles"] = {k: legacy_knob_role(k) for k in d["config_space"]}
+        d["prefix_caching_off"] = {k: ("false", "0", "off", "none") for k in d["config_space"] if "prefix" in k.lower()}
     known = {a.name for a in attrs.fields(Capabilities)}
     return Capabilities(**{k: v for k, v in d.items() if k in known})
+
+
+def legacy_knob_role(name: str) -> str:
+    """The role that histories written before `Capabilities.knob_roles` existed were judged by: guessed
+    from the knob's name. Used only to re-read those histories the way they were first analysed."""
+    n = name.lower()
+    if any(s in n for s in ("spec", "draft", "assist", "lookup", "ngram", "gamma")) or n in ("k", "num_k"):
+        return "speculation"
+    if any(s in n for s in ("cache", "block", "pool", "evict", "memory", "kv", "prefix")):
+        return "cache"
+    return "schedule"
 
 
 def oracle_key_str(request: Request) -> str:

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from attrs import evolve
 
-from conformance.checks_cache import config_block_size
+from conformance.checks.common import config_block_size
 from conformance.contract import Capabilities, Engine
 from conformance.history import capabilities_from
 from conformance.runner import replay

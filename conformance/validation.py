@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from conformance.contract import FINISH_REASONS, Baseline, Capabilities, EngineError, Request, Result
+from conformance.contract import FINISH_REASONS, KNOB_ROLES, Baseline, Capabilities, EngineError, Request, Result
 
 
 def _is_int(v: Any) -> bool:
@@ -67,6 +67,10 @@ def capabilities(caps: Any) -> Capabilities:
     if not _is_finite(caps.tolerance) or caps.tolerance < 0:
         raise EngineError(f"capabilities().tolerance is {caps.tolerance!r}, not a finite number >= 0")
     json_safe(dict(caps.config_space), "capabilities().config_space")
+    for knob in caps.config_space:
+        if caps.knob_roles.get(knob) not in KNOB_ROLES:
+            raise EngineError(f"capabilities(): knob {knob!r} declares no role in knob_roles "
+                              f"(one of {', '.join(KNOB_ROLES)})")
     return caps
 
 
@@ -90,7 +94,9 @@ def result(q: Request, r: Any, caps: Capabilities) -> None:
         raise EngineError(f"{where}: unknown finish_reason {r.finish_reason!r}")
     _tokens(r.output, caps.vocab_size, f"{where}: output")
     for name in ("cached_tokens", "draft_proposed", "draft_accepted", "evictions", "prefill_chunks"):
-        _count(getattr(r, name, None), f"{where}: {name}")
+        _count(getattr(r, name), f"{where}: {name}")
+    if r.preempted is not None and not isinstance(r.preempted, bool):
+        raise EngineError(f"{where}: preempted is {r.preempted!r}, not true, false or None")
     if r.top2 is not None:
         if not isinstance(r.top2, (tuple, list)) or len(r.top2) > len(r.output):
             raise EngineError(f"{where}: top2 must hold at most one entry per output token")

@@ -7,11 +7,25 @@ crashes is `error`, never `pass` — an analysis that could not run has proved n
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Iterable, Mapping
 
 from attrs import field, frozen
 
 PASS, FAIL, INCONCLUSIVE, ERROR, SKIP = "pass", "fail", "inconclusive", "error", "skip"
+
+
+class Severity(str, Enum):
+    """How bad a violation of a check's claim is: `critical` for one identity's KV serving another."""
+
+    CRITICAL = "critical"
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+    def __str__(self) -> str:
+        return self.value
+
 STATUSES = (PASS, FAIL, INCONCLUSIVE, ERROR, SKIP)
 EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2, ERROR: 3, SKIP: 0}
 
@@ -26,7 +40,7 @@ class Failure:
 
     check: str
     title: str
-    severity: str
+    severity: Severity = field(converter=Severity)
     bug_class: str
     case_id: str
     witness: Mapping[str, Any]
@@ -38,7 +52,7 @@ class Failure:
         return (self.check, self.title)
 
     def to_json(self) -> dict[str, Any]:
-        return {"check": self.check, "title": self.title, "severity": self.severity,
+        return {"check": self.check, "title": self.title, "severity": self.severity.value,
                 "bug_class": self.bug_class, "case_id": self.case_id, "witness": dict(self.witness),
                 "explanation": self.explanation, "example": self.example}
 

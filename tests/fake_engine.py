@@ -66,7 +66,8 @@ class FakeDictEngine:
             prefix_caching=True, reports_cached_tokens=True, speculation=True, reports_drafts=True,
             chunked_prefill=True, evicts=True, identities={"salt", "adapter"}, adapters=("lora1",),
             introspection=True, tolerance=self.tolerance, min_hit_prompt=self.block + 1, version="fake-1",
-            config_space={"spec_k": (0, 2), "chunk": (0, 8), "cache_blocks": (256, 6)})
+            config_space={"spec_k": (0, 2), "chunk": (0, 8), "cache_blocks": (256, 6)},
+            knob_roles={"spec_k": "speculation", "chunk": "schedule", "cache_blocks": "cache"})
 
     def configure(self, config: Mapping[str, Any]) -> None:
         self.config = dict(config)
@@ -130,10 +131,10 @@ class FakeDictEngine:
                 accepted = proposed + 1
             if self.bug == "spec_wrong" and len(out) > 2:
                 out[2] = 4 + (out[2] + 5) % 60
-        extra: dict[str, Any] = {}
+        chunks = None
         chunk = int(self.config.get("chunk", 0))
         if chunk and n - cached > chunk:
-            extra["prefill_chunks"] = math.ceil((n - cached) / chunk)
+            chunks = math.ceil((n - cached) / chunk)
             if self.bug == "chunk_wrong":
                 out[-1] = 4 + (out[-1] + 3) % 60
         before = self.evictions
@@ -145,8 +146,7 @@ class FakeDictEngine:
                 if len(self.cache) > int(self.config.get("cache_blocks", 256)):
                     self.cache.popitem(last=False)
                     self.evictions += 1
-        if self.evictions > before:
-            extra["evictions"] = self.evictions - before
+        evictions = self.evictions - before if self.evictions > before else None
         reported = cached
         if self.bug == "overreport" and cached:
             reported = min(cached + b, n - 1)  # one phantom block
@@ -157,4 +157,4 @@ class FakeDictEngine:
         if self.bug == "no_report":
             reported = 0
         return Result(q.id, out, reason, cached_tokens=reported, draft_proposed=proposed, draft_accepted=accepted,
-                      extra=extra)
+                      evictions=evictions, prefill_chunks=chunks)

@@ -18,7 +18,8 @@ from conformance.history import HistoryWriter, oracle_key_str, parse
 CAPS = Capabilities(name="crafted", vocab_size=64, max_context=256, eos_id=3, block_size=4, prefix_caching=True,
                     reports_cached_tokens=True, speculation=True, reports_drafts=True, chunked_prefill=True,
                     evicts=True, identities={"salt"}, introspection=True, min_hit_prompt=5,
-                    config_space={"spec_k": (0, 2), "chunk": (0, 8)})
+                    config_space={"spec_k": (0, 2), "chunk": (0, 8)},
+                    knob_roles={"spec_k": "speculation", "chunk": "schedule"})
 
 
 def req(rid: str, prompt, max_tokens: int = 3, stop=(), salt: str | None = None, adapter: str | None = None) -> Request:
@@ -52,7 +53,8 @@ class Crafted:
         return self
 
     def batch(self, *pairs: tuple[Request, Result], snapshot: dict | None = None) -> "Crafted":
-        self.w.append("batch", requests=[p[0] for p in pairs], results=[p[1] for p in pairs], snapshot=snapshot)
+        self.w.append("submit", requests=[p[0] for p in pairs])
+        self.w.append("batch", results=[p[1] for p in pairs], snapshot=snapshot)
         return self
 
     def baseline(self, q: Request, out, reason: str = "length", margins=None, runner_up=()) -> "Crafted":
@@ -61,7 +63,7 @@ class Crafted:
         return self
 
     def history(self):
-        return parse(self.w.events)
+        return parse(self.w.events + [{"event": "run_end"}])  # a finished run
 
     def status(self, check: str) -> str:
         return analyse(self.history(), [check]).checks[check].status
@@ -188,7 +190,7 @@ def test_independence_is_inconclusive_with_nothing_to_compare():
 
 
 def test_eviction_safety_passes_when_post_eviction_output_is_right():
-    h = Crafted().batch((Q, res("q", [1, 2], extra={"evictions": 2}))).baseline(Q, [1, 2])
+    h = Crafted().batch((Q, res("q", [1, 2], evictions=2))).baseline(Q, [1, 2])
     assert h.status("eviction_safety") == "pass"
 
 
@@ -339,7 +341,7 @@ def _busy() -> Crafted:
     """A history that exercises every capability CAPS claims."""
     h = Crafted().config(chunk=8)
     h.batch((req("a", P, salt="x"), res("a", [1], draft_proposed=2, draft_accepted=1,
-                                        extra={"prefill_chunks": 2, "evictions": 1})))
+                                        prefill_chunks=2, evictions=1)))
     h.batch((req("b", P, salt="x"), res("b", [1], cached=8)))
     return h.batch((req("c", P, salt="y"), res("c", [1])))
 
@@ -373,7 +375,7 @@ def test_exercised_positive_control_forgives_repeat_after_reset():
 def test_a_crashing_check_is_error_never_pass(monkeypatch):
     spec = CHECKS["parity"]
 
-    def boom(history):
+    def boom(history, findings):
         raise ZeroDivisionError("bug in checker")
 
     monkeypatch.setitem(CHECKS, "parity", type(spec)(spec.name, spec.title, spec.severity, spec.bug_class, boom))

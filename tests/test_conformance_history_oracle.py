@@ -18,7 +18,8 @@ from conformance.strategies import (Batch, Configure, Continuation, all_identiti
                                     step_from_json, step_to_json, token_range)
 
 CAPS = Capabilities(name="t", vocab_size=64, max_context=128, eos_id=5, block_size=4, identities={"salt", "adapter"},
-                    adapters=("l1",), config_space={"spec_k": (0, 2)}, tolerance=0.25)
+                    adapters=("l1",), config_space={"spec_k": (0, 2)}, knob_roles={"spec_k": "speculation"},
+                    tolerance=0.25)
 
 
 def test_contract_values_round_trip_through_json():

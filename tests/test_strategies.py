@@ -10,7 +10,8 @@ from conformance.history import capabilities_from, encode
 from conformance.strategies import Batch, Configure, Continuation, scenarios
 
 CAPS = Capabilities(name="fake-limits", vocab_size=512, max_context=1024, block_size=16,
-                    config_space={"pool_tokens": (4096, 64)}, context_limits={"pool_tokens": {"64": 64}})
+                    config_space={"pool_tokens": (4096, 64)}, knob_roles={"pool_tokens": "cache"},
+                    context_limits={"pool_tokens": {"64": 64}})
 
 
 def longest_under_small_pool(steps) -> int:

@@ -1,0 +1,78 @@
+"""The vacuity guard and the positive control: a run that never exercised what the engine claims
+(no hit, no accepted draft, no chunked prefill, no eviction, no cross-identity attempt) proves nothing
+about it, so it is *inconclusive*, not a pass; and an exact same-identity repeat must hit when the
+engine reports cached tokens at all (else the count, or the cache, is broken)."""
+
+from __future__ import annotations
+
+from conformance.checks.common import (batch_evicted, caching_disabled, chunked, config_block_size,
+                                       is_cross_identity_attempt, request_json, reuse_scan)
+from conformance.checks.registry import Findings, check
+from conformance.history import History
+from conformance.verdicts import FAIL, INCONCLUSIVE, PASS, CheckResult, Severity
+
+
+@check(title="the run exercised every claimed capability", severity=Severity.MEDIUM, bug_class="E", scope="run")
+def exercised(h: History, f: Findings) -> CheckResult:
+    """Vacuity guard and positive control: claimed-but-never-exercised capabilities make the run inconclusive."""
+    caps = h.capabilities
+    if caps is None:
+        return CheckResult(f.spec.name, INCONCLUSIVE, notes=("no capabilities recorded",))
+    for b in h.batches():
+        f.stats["evictions"] += int(batch_evicted(b))
+        for q, r in zip(b.requests, b.results):
+            f.stats["results"] += 1
+            f.stats["cached_tokens"] += r.cached_tokens or 0
+            f.stats["drafts_accepted"] += r.draft_accepted or 0
+            f.stats["chunked"] += int(chunked(r))
+    for b, i, q, r, same, other in reuse_scan(h):
+        f.stats["cross_identity_attempts"] += int(is_cross_identity_attempt(same, other, caps))
+    gaps = []
+    if caps.prefix_caching and caps.reports_cached_tokens and not f.stats["cached_tokens"]:
+        gaps.append("prefix caching claimed but no cached token was ever reported")
+    if caps.speculation and caps.reports_drafts and not f.stats["drafts_accepted"]:
+        gaps.append("speculation claimed but no draft token was ever accepted")
+    if caps.evicts and not f.stats["evictions"]:
+        gaps.append("eviction claimed but none observed")
+    if caps.chunked_prefill and not f.stats["chunked"]:
+        gaps.append("chunked prefill claimed but no prefill was chunked (no result reported prefill_chunks > 1)")
+    if caps.identities and not f.stats["cross_identity_attempts"]:
+        gaps.append("identities claimed but no identity ever sent another identity's prefix")
+    if caps.prefix_caching and caps.reports_cached_tokens:
+        _positive_control(f, h)
+    for gap in gaps:
+        f.note(gap)
+    status = FAIL if f.failures else (INCONCLUSIVE if gaps or not f.stats["results"] else PASS)
+    return CheckResult(f.spec.name, status, f.failures, f.notes, dict(f.stats))
+
+
+def _positive_control(f: Findings, h: History) -> None:
+    """A same-identity exact repeat of a long-enough prompt, in a later batch of the same cache epoch and
+    configuration, with no eviction in between, must report a hit."""
+    caps = h.capabilities
+    assert caps is not None
+    for ex in h.examples:
+        seen: dict[tuple, int] = {}
+        state = None
+        for b in ex.batches:
+            evicted = batch_evicted(b)
+            if (b.epoch, b.segment) != state or evicted or caching_disabled(caps, b.config):
+                seen, state = {}, (b.epoch, b.segment)
+                if evicted or caching_disabled(caps, b.config):
+                    continue
+            bs = config_block_size(b.config, caps.block_size)
+            for i, q, r in b.pairs():
+                key = (q.identity, q.prompt)
+                long_enough = len(q.prompt) > max(caps.min_hit_prompt, caps.block_size, bs)
+                if key in seen and long_enough and r.cached_tokens == 0:
+                    f.stats["positive_control_misses"] += 1
+                    f.fail(b.example, "exact repeat reported no cache hit",
+                           f"Request {q.id} repeats the {len(q.prompt)}-token prompt of batch {seen[key]} under the "
+                           f"same identity and configuration with no reset or eviction in between, yet reported 0 "
+                           f"cached tokens: either the prefix cache is not working or its count is not reported.",
+                           {"batch": b.index, "earlier_batch": seen[key], "request": request_json(q),
+                            "config": b.config})
+                elif key in seen and long_enough:
+                    f.stats["positive_controls"] += 1
+            for q in b.requests:
+                seen.setdefault((q.identity, q.prompt), b.index)
