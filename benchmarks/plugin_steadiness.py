@@ -62,17 +62,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="dev", choices=["dev", "ci", "nightly"])
     parser.add_argument("--seeds", action="store_true", help="pass --kvparity-seed i to run i")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it counts as failed")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="write each failed run's whole output to DIR/run-<i>.txt")
     parser.add_argument("extra", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
     passed, failed = 0, []
     for i in range(args.runs):
         code, output, seconds = one_run(i, args.profile, args.seeds, args.extra, args.timeout)
-        if code == 0:
-            passed += 1
-        else:
-            failed.append((i, code, failure_lines(output)))
         status = "passed" if code == 0 else f"FAILED (exit {code})"
         print(f"run {i + 1}/{args.runs}: {status} in {seconds:.1f}s", flush=True)
+        if code == 0:
+            passed += 1
+            continue
+        failed.append((i, code, failure_lines(output)))
+        for line in failed[-1][2]:
+            print(f"    {line}", flush=True)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            (args.keep / f"run-{i + 1}.txt").write_text(output)
     print(f"\npassed {passed} / {args.runs}, failed {len(failed)}")
     for i, code, lines in failed:
         print(f"  run {i + 1} (exit {code}{f', seed {i}' if args.seeds else ''}):")

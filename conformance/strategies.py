@@ -188,10 +188,17 @@ def configs(caps: Capabilities) -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries({k: st.sampled_from(v) for k, v in space.items()})
 
 
+def spec_knobs(caps: Capabilities) -> list[str]:
+    """Knobs of `config_space` whose declared role is speculation (drafter, k, ...;
+    `Capabilities.knob_roles`) and that have another value to switch to."""
+    return [k for k, v in sorted(caps.config_space.items())
+            if caps.knob_roles.get(k) == "speculation" and len({str(x) for x in v}) > 1]
+
+
 # Weighted by repetition: reuse (resend / continue / poison) is where the bugs are. "batch" comes first
 # because Hypothesis shrinks towards the first element.
 KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset",
-         "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop")
+         "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop", "respec", "respec", "respec")
 
 
 @st.composite
@@ -212,12 +219,21 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
 
     steps: list[Step] = []
     bs = caps.block_size  # the block size and longest prompt in effect (a Configure may change them)
+    current: dict[str, Any] = {}  # the configuration in effect
+    spec = spec_knobs(caps)
 
-    def configure() -> None:
-        nonlocal bs, top
-        steps.append(Configure(draw(configs(caps))))
-        bs = int(steps[-1].config.get("block_size", caps.block_size))
-        top = max_prompt_len(caps, steps[-1].config)
+    def configure(config: Mapping[str, Any] | None = None) -> None:
+        nonlocal bs, top, current
+        current = dict(draw(configs(caps)) if config is None else config)
+        steps.append(Configure(current))
+        bs = int(current.get("block_size", caps.block_size))
+        top = max_prompt_len(caps, current)
+
+    def respeculate() -> None:
+        """Another value of one speculation knob, every other knob as configured."""
+        knob = draw(st.sampled_from(spec))
+        others = [v for v in caps.config_space[knob] if str(v) != str(current.get(knob))]
+        configure({**current, knob: draw(st.sampled_from(others))})
 
     if caps.config_space:
         configure()
@@ -278,6 +294,21 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
             steps.append(Reset())
             chosen = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_batch, unique_by=lambda p: p.id))
             items = tuple(renamed(p, f"r{next(ids)}", top) for p in chosen)
+        elif kind == "respec" and spec:
+            # The same batch under two speculation settings, all else unchanged: the direct test of
+            # spec_independence (BUG_CLASSES C). Configure-then-resend makes such a pair only by chance,
+            # and a short run (the dev profile's 12 examples) then often cannot settle the claim. A
+            # reconfigured engine may start cold, so half the time the batch goes a third time, warm:
+            # the cache hits this step would otherwise take from the other kinds.
+            first = one_binding_per_adapter(tuple(fresh_request() for _ in range(draw(st.integers(1, max_batch)))))
+            steps.append(Batch(first))
+            pool.extend(first)
+            respeculate()
+            items = tuple(renamed(p, f"r{next(ids)}", top) for p in first)
+            if draw(st.booleans()):
+                steps.append(Batch(items))
+                pool.extend(items)
+                items = tuple(renamed(p, f"r{next(ids)}", top) for p in first)
         elif kind == "configure" and caps.config_space:
             configure()
             continue
