@@ -162,7 +162,7 @@ class LlamaCppAdapter:
                  cache_dir: str | None = None, tolerance: str | float | None = None, n_threads: str | int = 1,
                  seed: str | int = 0, lora: str = "auto", cache_scope: str = "shared"):
         self._llama_cpp = _import_llama_cpp()
-        from adapters import gguf_export
+        from adapters.commands import export_gguf as gguf_export
         from reference_engine import checkpoints
 
         self._ckpt = checkpoints

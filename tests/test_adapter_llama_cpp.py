@@ -38,7 +38,7 @@ def gguf_dir(tmp_path_factory):
 
 @needs_gguf
 def test_permute_rope_is_a_row_permutation():
-    from adapters.gguf_export import permute_rope
+    from adapters.commands.export_gguf import permute_rope
 
     w = np.arange(128 * 3, dtype=np.float32).reshape(128, 3)
     p = permute_rope(w, 4)
@@ -51,7 +51,7 @@ def test_permute_rope_is_a_row_permutation():
 def test_export_writes_every_tensor_and_the_tokenizer(gguf_dir):
     import gguf
 
-    from adapters.gguf_export import export_gguf
+    from adapters.commands.export_gguf import export_gguf
 
     path = export_gguf("tiny-target-a", gguf_dir)
     assert path.name.startswith("tiny-target-a-") and path.suffix == ".gguf"
@@ -67,7 +67,7 @@ def test_export_writes_every_tensor_and_the_tokenizer(gguf_dir):
 
 @needs_gguf
 def test_export_cli_lists_paths(gguf_dir, capsys):
-    from adapters.gguf_export import main
+    from adapters.commands.export_gguf import main
 
     assert main(["--out-dir", str(gguf_dir), "tiny-target-b"]) == 0
     assert "tiny-target-b" in capsys.readouterr().out
@@ -108,7 +108,7 @@ def test_gguf_greedy_equals_reference_baseline(revision, lora, gguf_dir):
     up to near-ties below tau; the logit error it makes is well below tau (the justification of TOLERANCE)."""
     import torch
 
-    from adapters.gguf_export import export_gguf
+    from adapters.commands.export_gguf import export_gguf
     from adapters.llama_cpp import TOLERANCE
     from reference_engine.model import DenseKV
 
@@ -287,7 +287,7 @@ def test_openai_server_text_mode(gguf_dir):
     for mod in ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"llama-cpp-python[server] extra missing: {mod}")
-    from adapters.gguf_export import export_gguf
+    from adapters.commands.export_gguf import export_gguf
     from adapters.openai_http import OpenAIHttpAdapter
     from conformance.oracle import compare
 
@@ -343,12 +343,8 @@ def test_adapter_refuses_draft_rounds_larger_than_n_batch(adapter):
 def test_spec_crash_findings_still_reproduce():
     """F2 (ValueError) and F3 (SIGABRT) in child processes; controls generate. Fails when upstream fixes
     them - then update reports/llama_cpp/README.md and drop the adapter's guard."""
-    import pathlib
+    from adapters.probes import llama_cpp as probes
 
-    spec = importlib.util.spec_from_file_location(
-        "llama_probes", pathlib.Path(__file__).parent.parent / "reports" / "llama_cpp" / "probes.py")
-    probes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probes)
     cases = probes.spec_crash()["cases"]
     codes = {name.split(",")[0]: c["returncode"] for name, c in cases.items()}
     assert [c["returncode"] for c in cases.values()] == [1, 0, -6, 0], cases

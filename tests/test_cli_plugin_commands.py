@@ -77,7 +77,7 @@ def test_export_gguf_checks_every_name_before_writing_anything(capsys, tmp_path)
 
 
 def test_export_gguf_default_is_a_cache_outside_the_tree(monkeypatch):
-    from adapters.gguf_export import default_out_dir
+    from adapters.commands.export_gguf import default_out_dir
 
     monkeypatch.delenv("KVPARITY_GGUF_DIR", raising=False)
     out = Path(_parser("export-gguf").parse_args([]).out_dir).resolve()
@@ -86,8 +86,8 @@ def test_export_gguf_default_is_a_cache_outside_the_tree(monkeypatch):
 
 def test_default_outputs_are_git_ignored():
     """User runs write to .kvparity/, never into the committed reports/ tree."""
-    from adapters.bench import DEFAULT_OUT as BENCH_OUT
-    from adapters.fault_zoo import DEFAULT_OUT as ZOO_OUT, witness_dir
+    from adapters.commands.bench import DEFAULT_OUT as BENCH_OUT
+    from adapters.commands.fault_zoo import DEFAULT_OUT as ZOO_OUT, witness_dir
 
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("not a git checkout")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import adapters.reference as ref
-from adapters.fault_zoo import DEFAULT_OUT, ZooRow, ZooRun, bars, build_parser, describe_steps, measure, render, witness_dir
+from adapters.commands.fault_zoo import DEFAULT_OUT, ZooRow, ZooRun, bars, build_parser, describe_steps, measure, render, witness_dir
 from conformance import cli
 from conformance.cli import replay_case
 from conformance.contract import UsageError
@@ -197,7 +197,7 @@ def no_engine(monkeypatch):
     """Fail the test if the command gets as far as running the suite."""
     def refuse(*args, **kwargs):
         raise AssertionError("the zoo ran an engine for a usage error")
-    monkeypatch.setattr("adapters.fault_zoo.measure", refuse)
+    monkeypatch.setattr("adapters.commands.fault_zoo.measure", refuse)
 
 
 @pytest.mark.parametrize("argv", [["--profile", "bogus"], ["--faults", "salt_ignored,no_such_fault"],

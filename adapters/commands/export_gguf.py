@@ -16,7 +16,7 @@ pre-tokenizer hash table does not know our tokenizer):
 Output file names carry the first 12 hex digits of the source weights' sha256, so an export made from
 other weights is never picked up by mistake (a stale GGUF is exactly the "revision not in the key" bug).
 
-CLI: ``python -m adapters.gguf_export [--out-dir DIR] [NAME_OR_DIR ...]`` (exposed as
+CLI: ``python -m adapters.commands.export_gguf [--out-dir DIR] [NAME_OR_DIR ...]`` (exposed as
 ``kvparity export-gguf``); by default it writes to $KVPARITY_GGUF_DIR, else ~/.cache/kvparity/gguf, a cache
 outside the source tree. Bad arguments are one line on stderr and exit 3, found before anything is written. Python: ``export_gguf(src, out_dir=None) -> Path`` and ``export_all()``.
 """
@@ -34,7 +34,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-CHECKPOINTS = pathlib.Path(__file__).resolve().parent.parent / "reference_engine" / "checkpoints"
+CHECKPOINTS = pathlib.Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints"
 SHIPPED = ("tiny-target-a", "tiny-target-b", "tiny-draft", "lora-upper", "lora-rot13")
 
 _LAYER_NAMES = {
@@ -277,7 +277,7 @@ def export_all(out_dir: str | os.PathLike | None = None, *, force: bool = False,
 
 def build_parser() -> argparse.ArgumentParser:
     """Every option has help text (argparse shows a default only beside help)."""
-    from adapters.bench import UsageParser
+    from adapters.commands.cli import UsageParser
 
     parser = UsageParser(prog="kvparity export-gguf",
                          description="Write the shipped HF checkpoints (or given folders) as f32 GGUF.")
@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Arguments, the checkpoint folders and the output folder, all checked before the first export, so a
     bad name late in the list does not leave the earlier ones half done."""
-    from adapters.bench import output_dir
+    from adapters.commands.cli import output_dir
     from conformance.contract import UsageError
 
     args = build_parser().parse_args(argv)
@@ -320,7 +320,7 @@ def export(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from adapters.bench import run_command
+    from adapters.commands.cli import run_command
 
     return run_command("kvparity export-gguf", parse_args, export, argv)
 

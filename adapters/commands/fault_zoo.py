@@ -30,13 +30,14 @@ from typing import Sequence
 
 from attrs import define, frozen
 
-from adapters.bench import UsageParser, output_dir, output_file, positive, run_command
+from adapters.commands.cli import UsageParser, output_dir, output_file, positive, run_command
 from conformance.analysis import example_failures, select_checks
 from conformance.contract import UsageError
 from conformance.history import load
 from conformance.minimise import minimise
 from conformance.runner import PROFILES, profile_settings, run_suite
 from conformance.strategies import Batch, Configure, step_from_json, step_to_json
+from reference_engine.checkpoints import CHECKPOINTS
 from reference_engine.faults import FAULTS
 
 DEFAULT_OUT = Path(".kvparity") / "fault-zoo.md"  # untracked (.gitignore); reports/ is `make reports-fault-zoo`
@@ -180,9 +181,8 @@ def environment_facts() -> list[str]:
 
     commit = sh("git", "rev-parse", "--short", "HEAD") or "?"
     dirty = " (with uncommitted changes)" if sh("git", "status", "--porcelain", "--untracked-files=no") else ""
-    ckpt = Path(__file__).resolve().parent.parent / "reference_engine" / "checkpoints"
     digests = []
-    for d in sorted(ckpt.glob("*/")):
+    for d in sorted(CHECKPOINTS.glob("*/")):
         f = next((d / n for n in ("model.safetensors", "adapter_model.safetensors") if (d / n).is_file()), None)
         if f is not None:
             digests.append(f"{d.name} {hashlib.sha256(f.read_bytes()).hexdigest()[:12]}")

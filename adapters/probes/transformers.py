@@ -1,8 +1,9 @@
-"""Direct reproductions of the two transformers findings in README.md, on the shipped checkpoint.
+"""Direct reproductions of the two transformers findings in reports/transformers/README.md, on the
+shipped checkpoint.
 
-    python reports/transformers/probes.py stop-ids     # F1: a persistent manager keeps its first eos ids
-    python reports/transformers/probes.py prefill-only # F2: a request that ends in its prefill step never
-                                                       #     publishes its blocks for sharing
+    python -m adapters.probes.transformers stop-ids     # F1: a persistent manager keeps its first eos ids
+    python -m adapters.probes.transformers prefill-only # F2: a request that ends in its prefill step never
+                                                        #     publishes its blocks for sharing
 Each prints what it saw and exits 1 if the finding reproduces, 0 if not.
 """
 

@@ -1,14 +1,14 @@
 """Direct probes of vLLM's KV reuse, each reproducible with one command (needs vLLM installed):
 
-  python -m adapters.vllm_probes tolerance [--n 60]   float32 vLLM vs float64 baseline: margin error, flips
-  python -m adapters.vllm_probes salt                 does cache_salt isolate? (and salt "upper" vs LoRA "upper")
-  python -m adapters.vllm_probes lora                 does a LoRA request reuse base-model prefix blocks?
-  python -m adapters.vllm_probes lora-reload          in-place adapter reload (same name and path, new weights)
-  python -m adapters.vllm_probes lora-pair            the minimal case: one base + one LoRA request in a batch
-  python -m adapters.vllm_probes lora-poison          ... and the wrong KV it writes is reused from the prefix cache
-  python -m adapters.vllm_probes lora-batch           base + LoRA requests in one batch, with/without chunking
-  python -m adapters.vllm_probes features [--n 40]    parity under prefix caching / chunked prefill / ngram / draft
-  python -m adapters.vllm_probes all
+  python -m adapters.probes.vllm tolerance [--n 60]   float32 vLLM vs float64 baseline: margin error, flips
+  python -m adapters.probes.vllm salt                 does cache_salt isolate? (and salt "upper" vs LoRA "upper")
+  python -m adapters.probes.vllm lora                 does a LoRA request reuse base-model prefix blocks?
+  python -m adapters.probes.vllm lora-reload          in-place adapter reload (same name and path, new weights)
+  python -m adapters.probes.vllm lora-pair            the minimal case: one base + one LoRA request in a batch
+  python -m adapters.probes.vllm lora-poison          ... and the wrong KV it writes is reused from the prefix cache
+  python -m adapters.probes.vllm lora-batch           base + LoRA requests in one batch, with/without chunking
+  python -m adapters.probes.vllm features [--n 40]    parity under prefix caching / chunked prefill / ngram / draft
+  python -m adapters.probes.vllm all
 
 Each prints its figures and a JSON line (`RESULT {...}`), and exits 1 if it found a violation, 0 if not.
 The engine is started once per configuration (in a spawned process: this module has a __main__ guard).
@@ -443,7 +443,7 @@ PROBES = {"tolerance": probe_tolerance, "salt": probe_salt, "lora": probe_lora, 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m adapters.vllm_probes", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m adapters.probes.vllm", description=__doc__.splitlines()[0])
     ap.add_argument("probe", choices=[*PROBES, "all"])
     ap.add_argument("--n", type=int, default=None, help="number of prompts (tolerance, features)")
     args = ap.parse_args(argv)

@@ -1,4 +1,5 @@
-"""`kvparity bench --engine transformers`: the economics numbers transformers lets us observe.
+"""`kvparity bench --engine transformers`: collect the economics numbers transformers lets us observe
+(rendered by `report.transformers_sections`).
 
 transformers reports neither prefix hits, draft acceptance nor per-token timing; the adapter
 (adapters/transformers.py) observes hits (`generate_batch` paged cache) and drafts (candidate generators),
@@ -9,12 +10,11 @@ TTFT / TPOT, per-position acceptance and temporary KV are not observable here.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import attrs
 
-from conformance import economics as ec
+from adapters.commands.bench.collect import COST_MODEL, Text, draft_available, forward_seconds
 from conformance.contract import Request, Result
 
 
@@ -24,7 +24,6 @@ def _with_prompt(results: list[Result], requests: list[Request]) -> list[Result]
 
 
 def collect(size: dict, k: int) -> dict[str, Any]:
-    from adapters.bench import Text, draft_available
     from adapters.transformers import TransformersAdapter
 
     adapter = TransformersAdapter(mode="batch", k=k)
@@ -64,47 +63,10 @@ def collect(size: dict, k: int) -> dict[str, Any]:
         spec[mode] = adapter.run(prompts)
     c_wall = None
     if draft_available():
-        from adapters.bench import forward_seconds
         from adapters.reference import shared_registry
         from reference_engine.sequence import Identity
 
         reg = shared_registry()
         c_wall = forward_seconds(reg.draft()) / forward_seconds(reg.model(Identity()))
-    from adapters.bench import COST_MODEL
-
     return {"workloads": workloads, "spec": spec, "c_wall": c_wall, "cost_model": COST_MODEL}
 
-
-def sections(data: dict, out: Path, blocks: list) -> None:
-    from adapters.bench_report import fmt, ms
-
-    blocks.append(("h2", "1. Workload mixes and prefix reuse (generate_batch, observed hits)"))
-    rows = []
-    for name, res in data["workloads"].items():
-        r = ec.reuse_ratio(res)
-        rows.append([name, len(res), int(r.den), int(r.num), fmt(r.value, 3)])
-    blocks.append(("table", ["workload", "requests", "Σ Lin", "Σ Lhit", "reuse ratio"], rows))
-    blocks.append(("p", "Shared-system requests are sent in waves of a few (the manager and its paged cache persist "
-                        "between calls); each chat turn is one batch. transformers reports no TTFT / TPOT, no "
-                        "queueing and no per-token times, so there is no latency budget or chunked-prefill sweep "
-                        "for this engine."))
-    blocks.append(("h2", "2. Speculation at batch 1 (wall time only)"))
-    k = data["k"]
-    plain = data["spec"]["generate"]
-    plain_tok = sum(len(r.output) for r in plain)
-    plain_s = sum(r.timings["total_s"] for r in plain) / plain_tok
-    rows = []
-    for mode, res in data["spec"].items():
-        if mode == "generate":
-            continue
-        acc = ec.acceptance(res)
-        s_tok = sum(r.timings["total_s"] for r in res) / sum(len(r.output) for r in res)
-        c = (data.get("c_wall") or 0.0) if mode == "assisted" else 0.0
-        alpha = acc.alpha or 0.0
-        rows.append([mode, fmt(alpha, 3), fmt(acc.committed_per_verification), f"{ms(plain_s)} → {ms(s_tok)}",
-                     fmt(plain_s / s_tok), fmt(ec.predicted_speedup(alpha, k, c))])
-    blocks.append(("table", ["mode", "α", "tokens / verification", "ms / token (generate → mode)",
-                             "speedup wall", "predicted (formula, c wall)"], rows))
-    blocks.append(("p", f"k = {k}; ms / token is whole-call time (prefill included) over output tokens. c for "
-                        f"the draft is measured on the reference implementation of the same weights "
-                        f"({fmt(data.get('c_wall'))}). Per-position acceptance and temporary KV are not observable."))
