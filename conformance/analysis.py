@@ -3,13 +3,13 @@ report RUN_DIR` and `kvparity replay`, so a stored history always re-analyses to
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from attrs import define, field
 
 from conformance.checks import CHECKS, run_check
 from conformance.contract import UsageError
-from conformance.history import History
+from conformance.history import Example, History
 from conformance.verdicts import ERROR, EXIT_CODES, FAIL, CheckResult, Failure, combine, overall
 
 
@@ -67,23 +67,40 @@ class Analysis:
                            for name, r in self.checks.items()}}
 
 
-def analyse(history: History, names: Sequence[str] | None = None) -> Analysis:
+def analyse(history: History, names: Sequence[str] | None = None,
+            known: Mapping[int, Mapping[str, CheckResult]] | None = None) -> Analysis:
     """Run example-scoped checks per example (so witnesses stay small and replayable), run-scoped
     checks once over everything, and aggregate. A history without a clean end (a killed, crashed or
-    interrupted run) is an error whatever the checks say: they are still run, for information."""
+    interrupted run) is an error whatever the checks say: they are still run, for information.
+
+    `known`: example index -> check -> the result a live run already computed for that example
+    (`example_verdicts`); those are reused, not computed again."""
     chosen = select_checks(names)
     incomplete = history.incomplete()
     out = Analysis(errors=list(history.errors) + ([incomplete] if incomplete else []))
-    views = [history.only(ex) for ex in history.examples] or [history]
+    known = known or {}
     for name in chosen:
         spec = CHECKS[name]
-        if spec.scope == "run":
+        if spec.scope == "run" or not history.examples:
             out.checks[name] = combine(name, [run_check(spec, history)])
         else:
-            out.checks[name] = combine(name, [run_check(spec, view) for view in views])
+            out.checks[name] = combine(name, [known.get(ex.index, {}).get(name) or run_check(spec, history.only(ex))
+                                              for ex in history.examples])
     return out
 
 
+def example_verdicts(history: History, example: Example, names: Sequence[str]) -> dict[str, CheckResult]:
+    """Every chosen check over one example — what a Hypothesis example raises on to shrink. Run-scoped
+    checks are included (the positive control can fail within one example), but only the example-scoped
+    results may be reused for the run (`analyse(known=...)`)."""
+    view = history.only(example)
+    return {name: run_check(CHECKS[name], view) for name in names}
+
+
+def failures_of(verdicts: Mapping[str, CheckResult]) -> list[Failure]:
+    return [f for r in verdicts.values() for f in r.failures]
+
+
 def example_failures(history: History, names: Sequence[str]) -> list[Failure]:
-    """Failures of one (single-example) history — what a Hypothesis example raises on to shrink."""
+    """Failures of a one-example history (the state machine's invariant, the fault zoo's first failure)."""
     return [f for name in names for f in run_check(CHECKS[name], history).failures]

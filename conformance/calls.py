@@ -22,6 +22,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterator, TypeVar
 
 from conformance.contract import EngineError, UsageError
@@ -47,6 +48,7 @@ class EngineCalls:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.abandoned = False
+        self.busy_s = 0.0  # time spent inside the engine (benchmarks/harness_overhead.py divides by it)
         self._jobs: queue.Queue | None = None
 
     def _start(self) -> queue.Queue:
@@ -58,10 +60,12 @@ class EngineCalls:
     def _loop(jobs: queue.Queue) -> None:
         while True:
             fn, box, done = jobs.get()
+            started = time.perf_counter()
             try:
                 box["value"] = fn()
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 box["error"] = exc
+            box["busy_s"] = time.perf_counter() - started
             done.set()
 
     def __call__(self, fn: Callable[[], T], what: str) -> T:
@@ -75,6 +79,7 @@ class EngineCalls:
         if not done.wait(self.timeout_s):
             self._jobs, self.abandoned = None, True
             raise EngineError(f"{what} timed out after {self.timeout_s:g}s")
+        self.busy_s += box["busy_s"]
         if "error" in box:
             exc = box["error"]
             if isinstance(exc, (EngineError, UsageError)):

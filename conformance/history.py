@@ -25,10 +25,12 @@ batches, which is the shape every check consumes.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections import abc
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import attrs
 from attrs import define, field, frozen
@@ -38,17 +40,34 @@ from conformance.contract import Baseline, Capabilities, Identity, Request, Resu
 # --------------------------------------------------------------------------- value encoding
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+@functools.cache
+def _attrs_fields(cls: type) -> tuple[str, ...] | None:
+    return tuple(a.name for a in attrs.fields(cls)) if attrs.has(cls) else None
+
+
 def encode(obj: Any) -> Any:
-    """Contract value -> JSON-able data (tuples become lists, frozensets sorted lists)."""
-    if attrs.has(type(obj)):
-        return {a.name: encode(getattr(obj, a.name)) for a in attrs.fields(type(obj))}
+    """Contract value -> JSON-able data (tuples become lists, frozensets sorted lists).
+
+    On the run path: every event goes through here, so the common shapes (scalars, token lists,
+    contract values) are tested first, by exact type."""
+    t = type(obj)
+    if t in _SCALARS:
+        return obj
+    if t is tuple or t is list:
+        return list(obj) if all(type(v) is int for v in obj) else [encode(v) for v in obj]
+    names = _attrs_fields(t)
+    if names is not None:
+        return {n: encode(getattr(obj, n)) for n in names}
     if isinstance(obj, (frozenset, set)):
         return sorted(encode(v) for v in obj)
     if isinstance(obj, (list, tuple)):
         return [encode(v) for v in obj]
-    if isinstance(obj, Mapping):
+    if isinstance(obj, abc.Mapping):
         return {str(k): encode(v) for k, v in obj.items()}
-    if obj is None or isinstance(obj, (bool, int, float, str)):
+    if isinstance(obj, (bool, int, float, str)):  # subclasses: a str Enum is its value
         return obj
     return repr(obj)
 
@@ -107,14 +126,25 @@ def legacy_knob_role(name: str) -> str:
 
 
 def oracle_key_str(request: Request) -> str:
-    """The oracle key as a stable string (JSON keys must be strings)."""
-    return json.dumps(encode(request.oracle_key()), separators=(",", ":"))
+    """The oracle key as a stable string (JSON object keys must be strings): the repr of a tuple of
+    strings, None and ints, which is deterministic and far cheaper than JSON (it is built for every
+    result, several times)."""
+    return repr(request.oracle_key())
+
+
+def _current_key(key: str) -> str:
+    """Histories written before keys were reprs stored them as JSON lists; read them as today's."""
+    if not key.startswith("["):
+        return key
+    revision, adapter, digest, prompt, max_tokens, stop_ids = json.loads(key)
+    return repr((revision, adapter, digest, tuple(int(t) for t in prompt), int(max_tokens),
+                 tuple(int(t) for t in stop_ids)))
 
 
 # --------------------------------------------------------------------------- writing
 
 
-_DURABLE = {"run_start", "example", "submit", "error", "interrupted", "run_end"}
+_DURABLE = {"run_start", "example", "error", "interrupted", "run_end"}
 
 
 class HistoryWriteError(BaseException):
@@ -125,7 +155,8 @@ class HistoryWriteError(BaseException):
 
 class HistoryWriter:
     """Append events to `path`, one JSON line each, flushed before returning (fsynced at example
-    boundaries, submissions and errors: fsync per line cost more than the fake engine's whole run).
+    boundaries and errors: fsync per line cost more than the fake engine's whole run; a `submit` is flushed,
+    which is all a process that dies needs — fsync guards against the machine dying).
 
     `events` mirrors what was written, already normalised through JSON, so analysing in memory and
     analysing the file on disk see exactly the same data. Numbers must be finite (`allow_nan=False`):
@@ -133,9 +164,11 @@ class HistoryWriter:
     kept) and later events are kept in memory only, so the run can still say what it saw.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None, fsync: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, fsync: bool = True,
+                 sink: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = Path(path) if path is not None else None
         self.fsync = fsync
+        self.sink = sink  # e.g. HistoryBuilder.feed: the run's History grows as events are written
         self.events: list[dict[str, Any]] = []
         self.write_error: str | None = None
         self._fh = None
@@ -147,6 +180,8 @@ class HistoryWriter:
         line = json.dumps({"event": event, **encode(fields)}, separators=(",", ":"), allow_nan=False)
         record = json.loads(line)
         self.events.append(record)
+        if self.sink is not None:
+            self.sink(record)
         if self._fh is not None:
             try:
                 self._fh.write(line + "\n")
@@ -319,26 +354,30 @@ class History:
         return History(self.meta, self.capabilities, [example], self.baselines, list(example.errors), self.ended)
 
 
-def parse(events: Iterable[Mapping[str, Any]]) -> History:
-    """Group raw events into a `History`. Events before any `example` event form example 0.
+class HistoryBuilder:
+    """Turns events into a `History` one at a time, so a live run holds one complete, growing `History`
+    (fed by its writer) instead of re-parsing slices of its events and patching in what they lack.
 
     A `batch` takes its requests from the `submit` before it (older histories carried them in the
-    `batch` event itself, and are read the same way)."""
-    h = History()
-    current: Example | None = None
-    epoch = segment = 0
-    config: Mapping[str, Any] = {}
-    evictions: int | None = None
-    pending: list[dict[str, Any]] | None = None
+    `batch` event itself, and are read the same way). Events before any `example` event form example 0.
+    """
 
-    def example() -> Example:
-        nonlocal current
-        if current is None:
-            current = Example(index=len(h.examples))
-            h.examples.append(current)
-        return current
+    def __init__(self) -> None:
+        self.history = History()
+        self._current: Example | None = None
+        self._epoch = self._segment = 0
+        self._config: Mapping[str, Any] = {}
+        self._evictions: int | None = None
+        self._pending: list[dict[str, Any]] | None = None
 
-    for ev in events:
+    def _example(self) -> Example:
+        if self._current is None:
+            self._current = Example(index=len(self.history.examples))
+            self.history.examples.append(self._current)
+        return self._current
+
+    def feed(self, ev: Mapping[str, Any]) -> None:
+        h = self.history
         kind = ev.get("event")
         h.last_event = str(kind)
         if kind == "run_start":
@@ -346,60 +385,74 @@ def parse(events: Iterable[Mapping[str, Any]]) -> History:
             if ev.get("capabilities"):
                 h.capabilities = capabilities_from(ev["capabilities"])
         elif kind == "example":
-            current = Example(index=int(ev.get("index", len(h.examples))))
-            h.examples.append(current)
-            epoch = segment = 0
-            config = {}
-            evictions = None
-            pending = None
+            self._current = Example(index=int(ev.get("index", len(h.examples))))
+            h.examples.append(self._current)
+            self._epoch = self._segment = 0
+            self._config = {}
+            self._evictions = None
+            self._pending, h.in_flight = None, ()
         elif kind == "baseline":
-            h.baselines[ev["key"]] = baseline_from(ev["baseline"])
+            h.baselines[_current_key(ev["key"])] = baseline_from(ev["baseline"])
         elif kind == "config":
-            example().step_list.append({"step": "configure", "config": ev.get("config", {})})
-            config = dict(ev.get("config") or {})
-            segment += 1
+            self._example().step_list.append({"step": "configure", "config": ev.get("config", {})})
+            self._config = dict(ev.get("config") or {})
+            self._segment += 1
         elif kind == "reset":
-            example().step_list.append({"step": "reset"})
-            epoch += 1
-            if (ev.get("snapshot") or {}).get("evictions") is not None:
-                evictions = int(ev["snapshot"]["evictions"])
+            self._example().step_list.append({"step": "reset"})
+            self._epoch += 1
+            self._seen_evictions(ev.get("snapshot"))
         elif kind == "submit":
-            pending = list(ev["requests"])
-            example().step_list.append({"step": "batch", "requests": pending})
+            self._pending = list(ev["requests"])
+            self._example().step_list.append({"step": "batch", "requests": self._pending})
+            h.in_flight = tuple(request_from(r) for r in self._pending)
         elif kind == "batch":
-            ex = example()
-            requests = ev.get("requests", pending)
-            if "requests" in ev:  # an older history: no submit event before it
-                ex.step_list.append({"step": "batch", "requests": ev["requests"]})
-            if requests is None:
-                raise ValueError("a batch event without a submit event before it")
-            ex.batches.append(BatchRecord(
-                example=ex.index, index=len(ex.batches), epoch=epoch, segment=segment, config=config,
-                requests=[request_from(r) for r in requests],
-                results=[result_from(r) for r in ev["results"]], snapshot=ev.get("snapshot"),
-                evictions_before=evictions))
-            pending = None
-            if (ev.get("snapshot") or {}).get("evictions") is not None:
-                evictions = int(ev["snapshot"]["evictions"])
+            self._batch(ev)
         elif kind == "error":
-            ex = example()
-            cause = str(ev.get("cause", "unknown error"))
-            ex.errors.append(cause)
-            h.errors.append(cause)
-            requests = ev.get("requests") or pending or ()
-            if ev.get("requests") and pending is None:  # an older history: the failed batch's requests
-                ex.step_list.append({"step": "batch", "requests": ev["requests"]})
-            if ev.get("snapshot"):
-                ex.failed_batches.append(FailedBatch(ex.index, len(ex.batches), config,
-                                                     [request_from(r) for r in requests], ev["snapshot"]))
-            pending = None
+            self._error(ev)
         elif kind == "interrupted":
             h.interrupted = str(ev.get("cause", "interrupted"))
         elif kind == "run_end":
             h.ended = dict(ev)
-    if pending is not None:
-        h.in_flight = tuple(request_from(r) for r in pending)
-    return h
+
+    def _seen_evictions(self, snapshot: Mapping[str, Any] | None) -> None:
+        if (snapshot or {}).get("evictions") is not None:
+            self._evictions = int(snapshot["evictions"])  # type: ignore[index]
+
+    def _batch(self, ev: Mapping[str, Any]) -> None:
+        ex = self._example()
+        requests = ev.get("requests", self._pending)
+        if "requests" in ev:  # an older history: no submit event before it
+            ex.step_list.append({"step": "batch", "requests": ev["requests"]})
+        if requests is None:
+            raise ValueError("a batch event without a submit event before it")
+        ex.batches.append(BatchRecord(
+            example=ex.index, index=len(ex.batches), epoch=self._epoch, segment=self._segment,
+            config=self._config, requests=[request_from(r) for r in requests],
+            results=[result_from(r) for r in ev["results"]], snapshot=ev.get("snapshot"),
+            evictions_before=self._evictions))
+        self._pending, self.history.in_flight = None, ()
+        self._seen_evictions(ev.get("snapshot"))
+
+    def _error(self, ev: Mapping[str, Any]) -> None:
+        ex = self._example()
+        cause = str(ev.get("cause", "unknown error"))
+        ex.errors.append(cause)
+        self.history.errors.append(cause)
+        requests = ev.get("requests") or self._pending or ()
+        if ev.get("requests") and self._pending is None:  # an older history: the failed batch's requests
+            ex.step_list.append({"step": "batch", "requests": ev["requests"]})
+        if ev.get("snapshot"):
+            ex.failed_batches.append(FailedBatch(ex.index, len(ex.batches), self._config,
+                                                 [request_from(r) for r in requests], ev["snapshot"]))
+        self._pending, self.history.in_flight = None, ()
+
+
+def parse(events: Iterable[Mapping[str, Any]]) -> History:
+    """Group raw events into a `History` (see `HistoryBuilder`)."""
+    builder = HistoryBuilder()
+    for ev in events:
+        builder.feed(ev)
+    return builder.history
 
 
 def load(path: str | os.PathLike[str]) -> History:

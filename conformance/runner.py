@@ -24,10 +24,11 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from conformance import validation
-from conformance.analysis import Analysis, analyse, example_failures, select_checks
+from conformance.analysis import Analysis, analyse, example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls, one_line
+from conformance.checks import CHECKS
 from conformance.contract import Capabilities, Engine, EngineError, Introspectable, Request, UsageError
-from conformance.history import HistoryWriteError, HistoryWriter, encode, parse
+from conformance.history import HistoryBuilder, HistoryWriteError, HistoryWriter, parse
 from conformance.oracle import Oracle
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
 from conformance.verdicts import CheckResult, Failure
@@ -250,7 +251,10 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     calls = calls or EngineCalls(timeout_s)
     started = time.monotonic()
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(report_dir, engine_name)
-    writer = HistoryWriter(run_dir / "history.jsonl")
+    builder = HistoryBuilder()  # the run's one History, growing as its events are written
+    writer = HistoryWriter(run_dir / "history.jsonl", sink=builder.feed)
+    known: dict[int, dict[str, Any]] = {}  # example -> check -> result, computed once while running
+    example_scoped = [n for n in names if CHECKS[n].scope == "example"]
     examples = 0
     interrupted = False
     try:
@@ -273,16 +277,16 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         @given(scenarios(caps, max_steps=PROFILES[profile]))
         def conformance_example(scenario: tuple[Step, ...]) -> None:
             nonlocal examples
-            start = len(writer.events)
             try:
                 runner.run(scenario, examples)
             except EngineError as exc:
                 raise _EngineBroken(str(exc)) from exc
             finally:
                 examples += 1
-            h = parse(writer.events[start:])
-            h.capabilities, h.baselines = caps, oracle.cache
-            failures = example_failures(h, names)
+            example = builder.history.examples[-1]
+            verdicts = example_verdicts(builder.history, example, names)
+            known[example.index] = {n: verdicts[n] for n in example_scoped}
+            failures = failures_of(verdicts)
             if failures:
                 raise ConformanceFailure(failures)
 
@@ -310,10 +314,10 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         _record_quietly(writer, "error", cause=str(exc))  # in memory: the file cannot take it
     finally:
         writer.close()
-    history = parse(writer.events)
+    history = builder.history
     if writer.write_error and writer.write_error not in history.errors:
         history.errors.append(writer.write_error)
-    analysis = analyse(history, names)
+    analysis = analyse(history, names, known)
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned)
     try:
         write_report(run_dir, history, analysis, duration_s=outcome.duration_s)

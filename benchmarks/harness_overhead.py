@@ -1,0 +1,60 @@
+"""Harness overhead: how much of a run's wall time is the suite, not the engine.
+
+    python benchmarks/harness_overhead.py [--engine reference] [--profile ci] [--cprofile N]
+
+Runs the suite once, in this process, against a freshly built engine and prints the run's wall time,
+the time spent inside engine calls (measured on the engine-call thread around each call: `run`,
+`baseline`, `reset`, `configure`, `snapshot`, `capabilities`), and their ratio — 1.0 would be a harness
+that costs nothing. Goal (issue 12): <= 1.15 on the reference engine's CI profile. `--cprofile N` also
+prints the N most expensive functions of the harness (cProfile, cumulative), which is how to see where
+the rest goes. One run on a shared machine: compare the ratio, not the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--engine", default="reference", help="registered engine adapter")
+    ap.add_argument("--profile", default="ci", help="suite profile")
+    ap.add_argument("--cprofile", type=int, default=0, help="print the N most expensive functions (0: none)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+
+    from conformance.calls import EngineCalls
+    from conformance.registry import load_engine
+    from conformance.runner import run_suite
+
+    engine = load_engine(args.engine)
+    calls = EngineCalls(300.0)
+    profiler = cProfile.Profile() if args.cprofile else None
+    with tempfile.TemporaryDirectory() as out:
+        started = time.perf_counter()
+        if profiler:
+            profiler.enable()
+        outcome = run_suite(engine, engine_name=args.engine, profile=args.profile, report_dir=out,
+                            database_dir=out, calls=calls)
+        if profiler:
+            profiler.disable()
+        wall = time.perf_counter() - started
+    engine.close()
+    print(f"engine {args.engine}, profile {args.profile}: {outcome.verdict.upper()}, {outcome.examples} examples")
+    print(f"wall {wall:.2f} s, inside engine calls {calls.busy_s:.2f} s, harness {wall - calls.busy_s:.2f} s")
+    print(f"overhead ratio (wall / engine) {wall / calls.busy_s:.3f}")
+    if profiler:
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(args.cprofile)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
