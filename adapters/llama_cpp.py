@@ -21,7 +21,7 @@ What it drives (all real llama-cpp-python code paths, f32 GGUF exported by adapt
   llama-cpp-python reports no draft statistics: proposals are counted by wrapping the drafter and
   acceptance is derived from the committed output (`extra["draft_counts"] = "adapter-observed"`).
 * **Single-slot context = eviction**: the context holds one sequence, so each request drops whatever of
-  the previous context it does not share (`extra["evictions"]`: KV positions dropped, observed); hence
+  the previous context it does not share (`Result.evictions`: KV positions dropped, observed); hence
   `evicts=True`.
 * **Chunked prefill**: `n_batch` (and `n_ubatch`) smaller than the prompt makes `eval` decode it in
   chunks.
@@ -68,6 +68,7 @@ CONFIG_SPACE = {
     "cache": ("none", "ram", "disk"),
 }
 KNOBS = ("drafter", "k", "n_batch", "cache")
+KNOB_ROLES = {"drafter": "speculation", "k": "speculation", "n_batch": "schedule", "cache": "cache"}
 
 
 
@@ -219,7 +220,7 @@ class LlamaCppAdapter:
             prefix_caching=True, reports_cached_tokens=True, speculation=True, reports_drafts=True,
             chunked_prefill=True, evicts=True, top2_logits=True, identities=frozenset(idents),
             revisions=("a", "b"), adapters=self.adapters, introspection=False, baseline_mode=False,
-            tolerance=self.tolerance, config_space=self._config_space(), min_hit_prompt=2,
+            tolerance=self.tolerance, config_space=self._config_space(), knob_roles=KNOB_ROLES, min_hit_prompt=2,
             version=self.version(),
         )
 
@@ -455,9 +456,8 @@ class LlamaCppAdapter:
         return Result(
             request_id=req.id, output=tuple(output), finish_reason=finish, cached_tokens=cached,
             draft_proposed=proposed, draft_accepted=accepted, top2=tuple(top2),
-            timings={"wall_s": elapsed},
-            extra={"cached_source": source, "prompt_tokens": len(prompt), "evictions": evicted,
-                   "prefill_chunks": observed[1] if observed else 0, "cached_count": "observed (n_tokens at first eval)",
+            timings={"wall_s": elapsed}, evictions=evicted, prefill_chunks=observed[1] if observed else 0,
+            extra={"cached_source": source, "prompt_tokens": len(prompt), "cached_count": "observed (n_tokens at first eval)",
                    **({"draft_counts": "adapter-observed"} if drafter is not None else {}),
                    "config": dict(self.config)},
         )
