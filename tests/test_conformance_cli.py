@@ -45,7 +45,7 @@ def test_run_clean_engine_exits_0(tmp_path, capsys):
 
 
 def test_run_buggy_engine_exits_1_and_replay_reproduces_then_fixed(tmp_path, capsys):
-    assert cli(tmp_path, "--engine-arg", "bug=salt_leak", "--checks", "isolation", "--no-shrink") == 1
+    assert cli(tmp_path, "--engine-arg", "bug=salt_leak", "--checks", "isolation", "--no-shrink", "--max-examples", "100") == 1
     run_dir = only_run_dir(tmp_path)
     (witness,) = (run_dir / "witnesses").glob("isolation-*.json")
     assert f"kvparity replay {witness} --engine {FAKE}" in capsys.readouterr().out
@@ -58,7 +58,7 @@ def test_run_buggy_engine_exits_1_and_replay_reproduces_then_fixed(tmp_path, cap
 
 
 def test_minimise_writes_a_smaller_witness_that_still_fails(tmp_path, capsys):
-    assert cli(tmp_path, "--engine-arg", "bug=salt_leak", "--checks", "isolation", "--no-shrink", "--minimise") == 1
+    assert cli(tmp_path, "--engine-arg", "bug=salt_leak", "--checks", "isolation", "--no-shrink", "--max-examples", "100", "--minimise") == 1
     run_dir = only_run_dir(tmp_path)
     out = capsys.readouterr().out
     (small,) = (run_dir / "witnesses").glob("isolation-*.min.json")
@@ -173,7 +173,7 @@ def test_replay_checks_the_witness_format_version(tmp_path, capsys):
 
 
 def test_report_keeps_what_it_cannot_recompute(tmp_path, capsys):
-    assert cli(tmp_path, "--engine-arg", "bug=salt_leak", "--checks", "isolation", "--no-shrink", "--minimise") == 1
+    assert cli(tmp_path, "--engine-arg", "bug=salt_leak", "--checks", "isolation", "--no-shrink", "--max-examples", "100", "--minimise") == 1
     run_dir = only_run_dir(tmp_path)
     before = json.loads((run_dir / "results.json").read_text())
     assert before["duration_s"] > 0 and before["minimised"]
