@@ -5,7 +5,7 @@
   near-ties below tau) runs whenever `gguf` and `llama_cpp` are importable.
 * The adapter tests are marked `thirdparty` and skip cleanly without llama_cpp.
 * The OpenAI-server test starts llama-cpp-python's server on 127.0.0.1 and drives it through
-  adapters/openai_http.py (text prompts); it skips when that adapter or the server extras are missing.
+  adapters/openai_http/ (text prompts); it skips when that adapter or the server extras are missing.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def test_lora_identity_matches_merged_reference(adapter):
 @needs_llama
 def test_openai_server_text_mode(gguf_dir):
     if importlib.util.find_spec("adapters.openai_http") is None:
-        pytest.skip("adapters/openai_http.py not present")
+        pytest.skip("adapters/openai_http/ not present")
     for mod in ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"llama-cpp-python[server] extra missing: {mod}")

@@ -135,7 +135,7 @@ def test_text_mode_without_cached_tokens(fake):
     [r] = a.run([Request("q", (70, 71, 72), 2)])
     assert isinstance(srv.bodies[-1]["prompt"], str)
     assert r.cached_tokens is None and r.extra.get("output_from_text") is True
-    assert r.output == tuple(a.tokenizer().encode("ab", add_special_tokens=False).ids)
+    assert r.output == tuple(a.text.tokenizer().encode("ab", add_special_tokens=False).ids)
 
 
 @pytest.mark.parametrize("mode,match", [("malformed", "malformed JSON"), ("http500", "HTTP 500"),
@@ -219,30 +219,30 @@ def test_text_mode_baseline_uses_the_effective_prompt(fake):
     a = OpenAIHttpAdapter(base_url=srv.url, prompt_mode="text")
     assert not a._ids_from_server
     raw = (4,) * 32  # 32 single `"` tokens: the tokenizer merges them when it re-encodes the text
-    eff = a.effective_prompt(raw)
-    tok = a.tokenizer()
+    eff = a.text.effective_prompt(raw)
+    tok = a.text.tokenizer()
     assert eff == tuple(tok.encode(tok.decode(list(raw), skip_special_tokens=False), add_special_tokens=False).ids)
     assert eff != raw and len(eff) < len(raw)
     stable = (70, 71, 72)
-    assert a.effective_prompt(stable) == stable or a.effective_prompt(stable) == a.roundtrip(stable)
+    assert a.text.effective_prompt(stable) == stable or a.text.effective_prompt(stable) == a.text.roundtrip(stable)
 
     q = Request("q", raw, 3)
     g = greedy(checkpoints.load_target("a", None), eff, 3, (), 2)
     b = a.baseline(q)
-    assert b.output == a._through_text(type(b)(g.output, g.finish_reason, g.margins, g.runner_up)).output
+    assert b.output == a.text.through_text(type(b)(g.output, g.finish_reason, g.margins, g.runner_up)).output
 
     [r] = a.run([q])
     assert srv.bodies[-1]["prompt"] == tok.decode(list(raw), skip_special_tokens=False)
     assert r.extra["prompt_roundtrip_exact"] is False and tuple(r.extra["effective_prompt"]) == eff
     assert r.extra["effective_prompt_tokens"] == len(eff) and r.extra["prompt_tokens"] == 32
-    [r2] = a.run([Request("s", a.roundtrip(stable), 2)])
+    [r2] = a.run([Request("s", a.text.roundtrip(stable), 2)])
     assert r2.extra["prompt_roundtrip_exact"] is True and "effective_prompt" not in r2.extra
 
 
 def test_token_mode_baseline_is_unchanged(fake):
     srv = fake("ids")
     a = OpenAIHttpAdapter(base_url=srv.url)
-    assert a._ids_from_server and a.effective_prompt((4,) * 32) == (4,) * 32
+    assert a._ids_from_server and a.text.effective_prompt((4,) * 32) == (4,) * 32
 
 
 def test_text_channel_normalises_the_baseline_output(fake):
@@ -252,10 +252,10 @@ def test_text_channel_normalises_the_baseline_output(fake):
     srv = fake("text")
     a = OpenAIHttpAdapter(base_url=srv.url, prompt_mode="text")
     same = Baseline((70, 71, 2), "eos", (0.5, 0.4, 0.3), (9, 9, 9))
-    if a.roundtrip((70, 71)) == (70, 71):
-        assert a._through_text(same) == same
-    b = a._through_text(Baseline((5, 4, 4, 4, 4), "length", (0.9, 0.8, 0.02, 0.7, 0.6), (1, 1, 1, 1, 1)))
-    rt = a.roundtrip((5, 4, 4, 4, 4))
+    if a.text.roundtrip((70, 71)) == (70, 71):
+        assert a.text.through_text(same) == same
+    b = a.text.through_text(Baseline((5, 4, 4, 4, 4), "length", (0.9, 0.8, 0.02, 0.7, 0.6), (1, 1, 1, 1, 1)))
+    rt = a.text.roundtrip((5, 4, 4, 4, 4))
     assert b.output == rt and len(b.margins) == len(rt)
     k = next(i for i, (x, y) in enumerate(zip((5, 4, 4, 4, 4), rt)) if x != y)
     m = (0.9, 0.8, 0.02, 0.7, 0.6)
@@ -266,7 +266,7 @@ def test_text_channel_normalises_the_baseline_output(fake):
 def test_text_mode_stops_client_side_and_sends_neutral_sampling(fake):
     srv = fake("text")
     a = OpenAIHttpAdapter(base_url=srv.url, prompt_mode="text", extra_body='{"repeat_penalty": 1.0}')
-    first = a.tokenizer().encode("ab", add_special_tokens=False).ids[0]
+    first = a.text.tokenizer().encode("ab", add_special_tokens=False).ids[0]
     [r] = a.run([Request("q", (70, 71), 2, stop_ids=(first,))])
     body = srv.bodies[-1]
     assert "stop_token_ids" not in body and body["repeat_penalty"] == 1.0  # extra_body merged
@@ -285,11 +285,11 @@ def test_text_mode_output_ids_from_logprob_pieces(fake):
     srv = fake("pieces")  # a fake server answering like llama_cpp.server
     a = OpenAIHttpAdapter(base_url=srv.url, prompt_mode="text")
     assert a._ids_from_server
-    tok = a.tokenizer()
+    tok = a.text.tokenizer()
     ab, a_, q_, h_ = (tok.token_to_id(t) for t in ("ab", "a", '"', "#"))
     [r] = a.run([Request("q", (70, 71), 2)])
     assert r.output == (ab, q_) and r.extra["output_from_pieces"] and "output_from_text" not in r.extra
     assert r.top2 == ((ab, -0.1, a_, -2.0), (q_, -0.5, h_, -0.7))
     # the baseline is not passed through the text channel when ids are exact
     assert a._ids_from_server and a.baseline(Request("x", (4,) * 32, 2)).output == a.baseline(
-        Request("y", a.effective_prompt((4,) * 32), 2)).output
+        Request("y", a.text.effective_prompt((4,) * 32), 2)).output

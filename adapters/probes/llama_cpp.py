@@ -17,7 +17,7 @@
       although draft_model forces logits for every token); (F3) logits_all=True, n_batch 8 < k + 1 ->
       GGML_ASSERT(logits != nullptr) in llama-sampler.cpp and SIGABRT. Controls with n_batch 512.
   python -m adapters.probes.llama_cpp server-text-parity [--n 50]
-      llama_cpp.server through adapters/openai_http.py (serve=llama_cpp, text prompts): held-out prompts,
+      llama_cpp.server through adapters/openai_http/ (serve=llama_cpp, text prompts): held-out prompts,
       16 tokens each, compared with the reference baseline of the tokens the server actually receives
       (encode(decode(prompt)) with the shipped tokenizer; llama.cpp's tokenizer on our GGUF equals it),
       once as a plain OpenAI request and once adding llama-cpp-python's `repeat_penalty: 1.0` (F5).

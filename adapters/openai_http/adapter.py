@@ -64,96 +64,23 @@ HTTP errors and malformed JSON raise EngineError with a one-line cause (an `erro
 
 from __future__ import annotations
 
-import collections
 import json
-import os
-import pathlib
-import re
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Mapping, Sequence
 
+import attrs
+
 from adapters.engine_args import bool_arg, num_arg
+from adapters.openai_http.server import ServerProcess, llama_cpp_command, vllm_command, vllm_env
+from adapters.openai_http.text import TOKEN_ID, TextChannel
+from adapters.openai_http.transport import Http, free_port, prometheus_totals
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 
 DEFAULT_TOLERANCE = 1e-3
 VOCAB, MAX_CONTEXT, EOS = 1024, 1024, 2
 LORAS = ("upper", "rot13")
-_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
-
-
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _one_line(text: str, limit: int = 240) -> str:
-    lines = [l for l in str(text).strip().splitlines() if l.strip()]
-    return (lines[-1] if lines else "")[:limit]
-
-
-class Http:
-    """Tiny JSON-over-HTTP client; every failure is an EngineError with a one-line cause."""
-
-    def __init__(self, base_url: str, timeout: float) -> None:
-        self.base = base_url.rstrip("/")
-        self.timeout = timeout
-
-    def call(self, method: str, path: str, body: Any = None, timeout: float | None = None, raw: bool = False):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data else {})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                payload = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = ""
-            try:
-                detail = exc.read().decode(errors="replace")
-            except Exception:  # noqa: BLE001
-                pass
-            raise EngineError(f"HTTP {exc.code} from {method} {path}: {_one_line(detail) or exc.reason}") from exc
-        except (socket.timeout, TimeoutError) as exc:
-            raise EngineError(f"{method} {path} timed out after {timeout or self.timeout:g}s") from exc
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, (socket.timeout, TimeoutError)):
-                raise EngineError(f"{method} {path} timed out after {timeout or self.timeout:g}s") from exc
-            raise EngineError(f"cannot reach {self.base}{path}: {exc.reason}") from exc
-        except (ConnectionError, OSError) as exc:
-            raise EngineError(f"connection to {self.base}{path} failed: {type(exc).__name__}: {exc}") from exc
-        if raw:
-            return payload.decode(errors="replace")
-        try:
-            return json.loads(payload)
-        except ValueError as exc:
-            raise EngineError(f"malformed JSON from {method} {path}: {payload[:80]!r}") from exc
-
-
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
-
-
-def prometheus_totals(text: str) -> dict[str, float]:
-    """Sum Prometheus samples by metric name (labels dropped)."""
-    out: dict[str, float] = collections.defaultdict(float)
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        try:
-            out[m.group(1)] += float(m.group(2))
-        except ValueError:
-            continue
-    return dict(out)
 
 
 class OpenAIHttpAdapter:
@@ -180,6 +107,8 @@ class OpenAIHttpAdapter:
             raise UsageError("spec= only applies with serve=vllm")
         if revision not in checkpoints.REVISIONS:
             raise UsageError(f"revision={revision!r}: shipped revisions are {sorted(checkpoints.REVISIONS)}")
+        if serve == "llama_cpp":
+            prompt_mode = "text"  # llama-cpp-python's server rejects token-id prompts
         self.serve, self.prompt_mode, self.revision = serve, prompt_mode, revision
         self.block_size = int(num_arg("block_size", block_size, int, 1))
         self.timeout = num_arg("timeout", timeout, float, 1)
@@ -192,7 +121,6 @@ class OpenAIHttpAdapter:
             raise UsageError(f"extra_body={extra_body!r} is not JSON") from None
         if not isinstance(self.extra_body, dict):
             raise UsageError("extra_body= must be a JSON object")
-        self._effective_cache: dict[tuple, tuple] = {}
         self.lora = bool_arg("lora", lora) and serve == "vllm"
         self.loras = tuple(a for a in LORAS if (checkpoints.adapter_dir(a) / "adapter_model.safetensors").exists())
         self.lora = self.lora and bool(self.loras)
@@ -201,10 +129,8 @@ class OpenAIHttpAdapter:
             num_arg("max_num_batched_tokens", max_num_batched_tokens, int, 32))
         self.gguf = gguf
         self.label = name or (f"openai_http-{serve}" if serve else "openai_http")
-        self.proc: subprocess.Popen | None = None
-        self.log_path: pathlib.Path | None = None
-        self._tokenizer = None
-        self._pieces: dict[str, int] | None = None
+        self.server: ServerProcess | None = None
+        self.text = TextChannel(checkpoints.load_tokenizer, prompt_mode == "text")
         self._oracle = ReferenceOracle(EOS)
         self.epoch = 0
         self.version = "unknown"
@@ -229,79 +155,24 @@ class OpenAIHttpAdapter:
     # -- server lifecycle -------------------------------------------------------------------------
     def _start_server(self, port: int) -> str:
         port = port or free_port()
-        env = dict(os.environ)
         if self.serve == "vllm":
-            folder = str(self._ckpt.revision_dir(self.revision))
-            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
-                   "--served-model-name", "kvparity", "--host", "127.0.0.1", "--port", str(port),
-                   "--dtype", "float32", "--enforce-eager", "--block-size", str(self.block_size),
-                   "--enable-prefix-caching", "--enable-prompt-tokens-details", "--max-model-len", str(MAX_CONTEXT),
-                   "--max-logprobs", "2", "--seed", "0", "--disable-uvicorn-access-log"]
-            if self.lora:
-                cmd += ["--enable-lora", "--max-lora-rank", "8", "--max-loras", str(len(LORAS)), "--lora-modules",
-                        *[f"{a}={self._ckpt.adapter_dir(a)}" for a in self.loras]]
-            if self.budget is not None:
-                cmd += ["--max-num-batched-tokens", str(self.budget), "--enable-chunked-prefill"]
-            if self.spec == "ngram":
-                cmd += ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": self.k,
-                                                            "prompt_lookup_max": 4, "prompt_lookup_min": 2})]
-            elif self.spec == "draft":
-                cmd += ["--speculative-config", json.dumps({
-                    "method": "draft_model", "num_speculative_tokens": self.k,
-                    "model": str(self._ckpt.CHECKPOINTS / self._ckpt.DRAFT)})]
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            env["VLLM_SERVER_DEV_MODE"] = "1"  # exposes POST /reset_prefix_cache
+            loras = {a: str(self._ckpt.adapter_dir(a)) for a in self.loras} if self.lora else {}
+            cmd = vllm_command(folder=str(self._ckpt.revision_dir(self.revision)), port=port,
+                               block_size=self.block_size, max_context=MAX_CONTEXT, loras=loras,
+                               budget=self.budget, spec=self.spec, k=self.k,
+                               draft_folder=str(self._ckpt.CHECKPOINTS / self._ckpt.DRAFT))
+            env, health = vllm_env(), "/health"
         else:
             if not self.gguf:
                 raise UsageError("serve=llama_cpp needs gguf=PATH (see `kvparity export-gguf`)")
-            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", self.gguf, "--host", "127.0.0.1",
-                   "--port", str(port), "--n_ctx", str(MAX_CONTEXT), "--type_k", "0", "--type_v", "0"]
-            self.prompt_mode = "text"
-        fd, log = tempfile.mkstemp(prefix=f"kvparity-{self.serve}-", suffix=".log")
-        self.log_path = pathlib.Path(log)
-        self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
-        os.close(fd)
-        base = f"http://127.0.0.1:{port}"
-        probe = Http(base, 5)
-        deadline = time.monotonic() + self.startup_timeout
-        health = "/health" if self.serve == "vllm" else "/v1/models"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")
-                rc, self.proc = self.proc.returncode, None
-                raise EngineError(f"{self.serve} server exited with code {rc}: {_one_line(tail)} (log {self.log_path})")
-            try:
-                probe.call("GET", health, raw=True)
-                return base
-            except EngineError:
-                time.sleep(1.0)
-        self.close()
-        raise EngineError(f"{self.serve} server not healthy after {self.startup_timeout:g}s (log {self.log_path})")
+            cmd, env, health = llama_cpp_command(gguf=self.gguf, port=port, max_context=MAX_CONTEXT), None, "/v1/models"
+        self.server = ServerProcess(self.serve, cmd, env)
+        return self.server.wait_healthy(f"http://127.0.0.1:{port}", health, self.startup_timeout)
 
     def close(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        try:
-            os.killpg(proc.pid, 15)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, 9)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait(timeout=10)
-
-    def __del__(self) -> None:  # a forgotten close() must not leave a server running
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
 
     # -- probing ----------------------------------------------------------------------------------
     def _first_model(self) -> str:
@@ -381,36 +252,10 @@ class OpenAIHttpAdapter:
             self.epoch += 1
 
     def baseline(self, request: Request) -> Baseline:
-        b = self._oracle.baseline(request, self.effective_prompt(request.prompt))
+        b = self._oracle.baseline(request, self.text.effective_prompt(request.prompt))
         if self.prompt_mode == "text" and not self._ids_from_server:
-            return self._through_text(b)
+            return self.text.through_text(b)
         return b
-
-    def effective_prompt(self, prompt: Sequence[int]) -> tuple[int, ...]:
-        """The token ids the server actually receives: the prompt itself, or encode(decode(prompt)) in text mode."""
-        key = tuple(int(t) for t in prompt)
-        if self.prompt_mode != "text":
-            return key
-        eff = self._effective_cache.get(key)
-        if eff is None:
-            eff = self._effective_cache[key] = self.roundtrip(key)
-        return eff
-
-    def roundtrip(self, ids: Sequence[int]) -> tuple[int, ...]:
-        tok = self.tokenizer()
-        return tuple(tok.encode(tok.decode(list(ids), skip_special_tokens=False), add_special_tokens=False).ids)
-
-    def _through_text(self, b: Baseline) -> Baseline:
-        """The baseline as seen through the text channel (output ids re-encoded from the completion text)."""
-        out = list(b.output)
-        tail = [out.pop()] if out and b.finish_reason in ("eos", "stop") else []  # the terminal token is separate
-        rt = list(self.roundtrip(out)) if out else []
-        if rt == out:
-            return b
-        same = next((i for i, (x, y) in enumerate(zip(out, rt)) if x != y), min(len(out), len(rt)))
-        floor = min(b.margins[same:], default=float("inf"))  # past the change: the smallest greedy margin left
-        margins = tuple(b.margins[:same]) + (floor,) * (len(rt) + len(tail) - same)
-        return Baseline(tuple(rt + tail), b.finish_reason, margins, tuple(b.runner_up[:same]))
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         for q in requests:
@@ -441,7 +286,7 @@ class OpenAIHttpAdapter:
         if spec and len(results) == 1:
             after = self._spec_counters()
             proposed, accepted = (int(after[0] - before[0]), int(after[1] - before[1]))
-            results[0] = _evolve(results[0], draft_proposed=proposed, draft_accepted=accepted)
+            results[0] = attrs.evolve(results[0], draft_proposed=proposed, draft_accepted=accepted)
         return results
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -449,11 +294,6 @@ class OpenAIHttpAdapter:
         totals = prometheus_totals(self.http.call("GET", "/metrics", raw=True))
         return (totals.get("vllm:spec_decode_num_draft_tokens_total", 0.0),
                 totals.get("vllm:spec_decode_num_accepted_tokens_total", 0.0))
-
-    def tokenizer(self):
-        if self._tokenizer is None:
-            self._tokenizer = self._ckpt.load_tokenizer()
-        return self._tokenizer
 
     def _salt(self, salt: str | None) -> str | None:
         if not self.salt:
@@ -468,7 +308,7 @@ class OpenAIHttpAdapter:
         if self.prompt_mode == "tokens":
             body["prompt"] = [int(t) for t in prompt]
         else:
-            body["prompt"] = self.tokenizer().decode(list(prompt), skip_special_tokens=False)
+            body["prompt"] = self.text.decode(prompt)
         if self._sends_stop_ids():
             body.update(stop_token_ids=[int(s) for s in stop_ids], return_token_ids=True,
                         return_tokens_as_token_ids=True, skip_special_tokens=False)
@@ -507,7 +347,7 @@ class OpenAIHttpAdapter:
         extra: dict[str, Any] = {"prompt_tokens": len(q.prompt), "http_finish_reason": choice.get("finish_reason"),
                                  "http_stop_reason": choice.get("stop_reason")}
         if self.prompt_mode == "text":
-            eff = self.effective_prompt(q.prompt)
+            eff = self.text.effective_prompt(q.prompt)
             extra["effective_prompt_tokens"] = len(eff)
             extra["prompt_roundtrip_exact"] = eff == tuple(q.prompt)
             if eff != tuple(q.prompt):
@@ -516,8 +356,8 @@ class OpenAIHttpAdapter:
         ids = choice.get("token_ids")
         if ids is None:
             toks = lp.get("tokens") if isinstance(lp, dict) else None
-            ids = self._ids_from_pieces(toks)
-            if ids is not None and toks and not _TOKEN_ID.match(str(toks[0])):
+            ids = self.text.ids_from_pieces(toks)
+            if ids is not None and toks and not TOKEN_ID.match(str(toks[0])):
                 if "".join(toks) == choice.get("text"):
                     extra["output_from_pieces"] = True
                 else:
@@ -526,7 +366,7 @@ class OpenAIHttpAdapter:
                 text = choice.get("text")
                 if not isinstance(text, str):
                     raise EngineError(f"request {q.id}: completion has neither token_ids nor text")
-                ids = self.tokenizer().encode(text, add_special_tokens=False).ids
+                ids = self.text.encode(text)
                 extra["output_from_text"] = True
         try:
             ids = [int(t) for t in ids]
@@ -555,57 +395,5 @@ class OpenAIHttpAdapter:
         if self.budget is not None:
             chunks = max(1, -(-(len(q.prompt) - (cached or 0)) // self.budget))
         return Result(q.id, output, reason, cached_tokens=cached if self.reports_cached else None,
-                      top2=self._top2(lp) if self.want_logprobs else None, timings={"http_s": wall},
+                      top2=self.text.top2(lp) if self.want_logprobs else None, timings={"http_s": wall},
                       prefill_chunks=chunks, extra=extra)
-
-    def _piece_map(self) -> dict[str, int]:
-        """Token text -> id for every piece of the shipped vocabulary that decodes to a unique, non-empty string."""
-        if self._pieces is None:
-            tok, seen = self.tokenizer(), collections.Counter()
-            pieces = {}
-            for i in range(tok.get_vocab_size()):
-                p = tok.decode([i], skip_special_tokens=False)
-                seen[p] += 1
-                pieces[p] = i
-            self._pieces = {p: i for p, i in pieces.items() if seen[p] == 1 and p and "\ufffd" not in p}
-        return self._pieces
-
-    def _id_of(self, tok: Any) -> int | None:
-        if not isinstance(tok, str):
-            return None
-        m = _TOKEN_ID.match(tok)
-        if m is not None:
-            return int(m.group(1))
-        if self.prompt_mode != "text":
-            return None
-        return self._piece_map().get(tok)
-
-    def _ids_from_pieces(self, toks: Any) -> list[int] | None:
-        if not toks or not isinstance(toks, list):
-            return None
-        ids = [self._id_of(t) for t in toks]
-        return None if any(i is None for i in ids) else ids
-
-    def _top2(self, lp: Any) -> tuple | None:
-        top = lp.get("top_logprobs") if isinstance(lp, dict) else None
-        if not top:
-            return None
-        rows = []
-        for step in top:
-            if not isinstance(step, dict) or len(step) < 2:
-                return None
-            ranked = sorted(step.items(), key=lambda kv: -float(kv[1]))[:2]
-            ids = []
-            for tok, _ in ranked:
-                tid = self._id_of(tok)
-                if tid is None:
-                    return None
-                ids.append(tid)
-            rows.append((ids[0], float(ranked[0][1]), ids[1], float(ranked[1][1])))
-        return tuple(rows)
-
-
-def _evolve(result: Result, **changes: Any) -> Result:
-    import attrs
-
-    return attrs.evolve(result, **changes)
