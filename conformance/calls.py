@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Iterator, TypeVar
 
 from conformance.contract import EngineError, UsageError
+from conformance.status import tell
 
 T = TypeVar("T")
 EXIT_ERROR = 3
@@ -102,8 +103,6 @@ def watchdog(timeout_s: float, what: str, last_words: Callable[[str], None] | No
             print(f"kvparity: engine error: {cause}", file=sys.stderr, flush=True)
             sys.stdout.flush()
         with contextlib.suppress(BaseException):
-            from conformance.supervisor import tell
-
             tell(exit=EXIT_ERROR)  # a deliberate exit, already explained: the supervisor passes it on
         os._exit(EXIT_ERROR)
 

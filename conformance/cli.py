@@ -166,8 +166,9 @@ def close_engine(engine: Any, timeout_s: float) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace, session: Session) -> int:
-    from conformance import supervisor
+    from conformance import status
     from conformance.analysis import select_checks
+    from conformance.report import print_summary
     from conformance.registry import parse_engine_args, resolve
     from conformance.runner import new_run_dir, profile_settings, run_suite
 
@@ -178,12 +179,12 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     resolve(args.engine)  # an unknown engine is a usage error before anything is built
     engine = build_engine(args.engine, engine_args, args.timeout)
     run_dir = new_run_dir(report_dir, args.engine)
-    supervisor.tell(run_dir=str(run_dir))
+    status.tell(run_dir=str(run_dir))
     outcome = run_suite(engine, engine_name=args.engine, engine_args=engine_args, profile=args.profile,
                         checks=checks, run_dir=run_dir, seed=args.seed, max_examples=args.max_examples,
                         timeout_s=args.timeout, shrink=not args.no_shrink)
     session.hard_exit = outcome.abandoned or outcome.interrupted
-    print_outcome(outcome.analysis, outcome.run_dir, args.engine)
+    print_summary(outcome.analysis, outcome.run_dir, args.engine)
     if outcome.report_error:
         print(f"ERROR: {outcome.report_error}")
     minimised = {}
@@ -198,7 +199,7 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     a = outcome.analysis
     word = "INTERRUPTED" if outcome.interrupted else a.verdict.upper()
     print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
-    supervisor.tell(verdict=outcome.exit_code)
+    status.tell(verdict=outcome.exit_code)
     if outcome.abandoned:  # a hung engine is not asked to close on the thread it may still be inside
         return outcome.exit_code
     closed = close_engine(engine, args.timeout)
@@ -206,19 +207,6 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
         print(f"ERROR: {closed}")
         return max(outcome.exit_code, EXIT_USAGE) if outcome.exit_code != EXIT_INTERRUPTED else outcome.exit_code
     return outcome.exit_code
-
-
-def print_outcome(a: Any, run_dir: Path, engine: str | None = None) -> None:
-    """Per-check lines, engine errors, and one replay command per failure."""
-    from conformance.report import replay_command
-
-    for name, r in a.checks.items():
-        print(f"{name:22s} {r.status}" + (f"  ({r.notes[0]})" if r.notes and r.status != "pass" else ""))
-    for e in a.errors:
-        print(f"ERROR: {e}")
-    for f in a.failures:
-        print(f"FAIL [{f.check}] {f.title} ({f.case_id}): "
-              f"{replay_command(run_dir / 'witnesses' / (f.case_id + '.json'), engine)}")
 
 
 def minimise_failures(outcome: Any, new_engine: Callable[[], Any], timeout_s: float,
@@ -403,14 +391,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console_main() -> None:
     """The `kvparity` console script: supervise `run` and `replay`, run everything else directly."""
-    from conformance import supervisor
+    from conformance import status, supervisor
 
     argv = sys.argv[1:]
     if supervisor.should_supervise(argv):
         raise SystemExit(supervisor.supervise(argv))
     session = Session()
     code = dispatch(argv, session)
-    supervisor.tell(exit=code)
+    status.tell(exit=code)
     if session.hard_exit:  # a thread is still inside the engine: do not wait for it at shutdown
         sys.stdout.flush()
         sys.stderr.flush()

@@ -206,6 +206,17 @@ def previous_results(run_dir: Path) -> dict[str, Any]:
     return {k: old[k] for k in CARRIED if isinstance(old, dict) and old.get(k) is not None}
 
 
+def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) -> None:
+    """The console's view of a report: one line per check, the engine errors, a replay command per failure."""
+    for name, r in analysis.checks.items():
+        print(f"{name:22s} {r.status}" + (f"  ({r.notes[0]})" if r.notes and r.status != "pass" else ""))
+    for e in analysis.errors:
+        print(f"ERROR: {e}")
+    for f in analysis.failures:
+        print(f"FAIL [{f.check}] {f.title} ({f.case_id}): "
+              f"{replay_command(run_dir / 'witnesses' / (f.case_id + '.json'), engine)}")
+
+
 def write_report(run_dir: Path, history: History, analysis: Analysis, duration_s: float | None = None,
                  **carried: Any) -> dict:
     """Write every report file into `run_dir` (history.jsonl is already there) and return results. The

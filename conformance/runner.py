@@ -27,7 +27,7 @@ from conformance import validation
 from conformance.analysis import Analysis, analyse, example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls, one_line
 from conformance.checks import CHECKS
-from conformance.contract import Capabilities, Engine, EngineError, Introspectable, Request, UsageError
+from conformance.contract import Capabilities, Engine, EngineError, Introspectable, Request, Result, UsageError
 from conformance.history import HistoryBuilder, HistoryWriteError, HistoryWriter, parse
 from conformance.oracle import Oracle
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios

@@ -15,7 +15,6 @@ Ctrl-C reaches both processes (one process group); the child writes its interrup
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,7 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-STATUS_ENV = "KVPARITY_STATUS_FILE"
+from conformance.status import STATUS_ENV, read_status
+
 SUPERVISED = ("run", "replay")
 EXIT_ERROR = 3
 
@@ -32,32 +32,6 @@ EXIT_ERROR = 3
 def should_supervise(argv: Sequence[str]) -> bool:
     return bool(argv) and argv[0] in SUPERVISED and STATUS_ENV not in os.environ and "-h" not in argv \
         and "--help" not in argv
-
-
-def tell(**fields: Any) -> None:
-    """Child side: append one status line (no-op when not supervised)."""
-    path = os.environ.get(STATUS_ENV)
-    if not path:
-        return
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(fields) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def read_status(path: str | Path) -> dict[str, Any]:
-    """Every field the child told, later lines overriding earlier ones; a torn line is ignored."""
-    out: dict[str, Any] = {}
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            out.update(json.loads(line))
-        except (ValueError, TypeError):
-            continue
-    return out
 
 
 def how_it_ended(returncode: int) -> str:
@@ -120,9 +94,8 @@ def _answer_for_dead_child(command: str, returncode: int, status: dict[str, Any]
 def _report_dead_run(run_dir: Path, cause: str) -> int:
     """Analyse what the dead run recorded and write its report, saying how the process ended."""
     from conformance.analysis import analyse
-    from conformance.cli import print_outcome
     from conformance.history import NotAHistory, load
-    from conformance.report import write_report
+    from conformance.report import print_summary, write_report
 
     try:
         history = load(run_dir / "history.jsonl")
@@ -135,6 +108,6 @@ def _report_dead_run(run_dir: Path, cause: str) -> int:
         write_report(run_dir, history, analysis, process=cause)
     except OSError as exc:
         print(f"ERROR: cannot write the report in {run_dir}: {exc}")
-    print_outcome(analysis, run_dir, history.meta.get("engine"))
+    print_summary(analysis, run_dir, history.meta.get("engine"))
     print(f"{analysis.verdict.upper()}: {len(history.examples)} examples recorded, report {run_dir}", flush=True)
     return analysis.exit_code
