@@ -1,6 +1,6 @@
 """kvparity adapter for llama.cpp through llama-cpp-python (token-level API: `Llama.generate`).
 
-What it drives (all real llama-cpp-python code paths, f32 GGUF exported by adapters.gguf_export):
+What it drives (all real llama-cpp-python code paths, f32 GGUF exported by adapters.commands.export_gguf):
 
 * **In-context prefix reuse** - `Llama.generate` keeps the longest common prefix of its current context
   and the new prompt (re-evaluating the last prompt token, or sampling straight from live logits when

