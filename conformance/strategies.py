@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Any, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 from attrs import field, frozen
 from hypothesis import strategies as st
@@ -195,127 +195,203 @@ def spec_knobs(caps: Capabilities) -> list[str]:
             if caps.knob_roles.get(k) == "speculation" and len({str(x) for x in v}) > 1]
 
 
+class Stream:
+    """A request stream while it is being drawn: what the step kinds build on — the shared roots, the
+    identities, the requests sent so far (`pool`), the configuration in effect and the steps so far.
+
+    One object for `scenarios` (a whole stream drawn up front) and the state machine (a live session),
+    so the two draw the same kinds of step the same way. `draw` is Hypothesis' draw function of the
+    moment (a composite's `draw`, or `data.draw` inside a rule)."""
+
+    def __init__(self, draw: st.DrawFn, caps: Capabilities, max_batch: int = 4) -> None:
+        self.draw, self.caps, self.max_batch = draw, caps, max_batch
+        self.top = max_prompt_len(caps)
+        self.roots = draw(st.lists(prompt_lengths(caps).flatmap(lambda n: token_lists(caps, n)),
+                                   min_size=1, max_size=3))
+        self.identities = all_identities(caps)
+        self.ident = st.sampled_from(self.identities)
+        self._ids = itertools.count()
+        self.steps: list[Step] = []
+        self.pool: list[Union[Request, Continuation]] = []
+        self.bs = caps.block_size  # the block size and longest prompt in effect (a Configure may change them)
+        self.current: dict[str, Any] = {}  # the configuration in effect
+        self.spec = spec_knobs(caps)
+
+    def next_id(self) -> str:
+        return f"r{next(self._ids)}"
+
+    def requests_in_pool(self) -> list[Request]:
+        return [p for p in self.pool if isinstance(p, Request)]
+
+    def fresh_request(self) -> Request:
+        draw, caps = self.draw, self.caps
+        length = draw(prompt_lengths(caps, self.top))
+        which = draw(st.integers(0, len(self.roots)))
+        base = self.roots[which] if which < len(self.roots) else ()
+        prompt = base[:length] if len(base) >= length else base + draw(token_lists(caps, length - len(base)))
+        return Request(self.next_id(), prompt, draw(max_tokens(caps)), draw(stop_ids(caps)), draw(self.ident))
+
+    def configure(self, config: Mapping[str, Any] | None = None) -> None:
+        self.current = dict(self.draw(configs(self.caps)) if config is None else config)
+        self.steps.append(Configure(self.current))
+        self.bs = int(self.current.get("block_size", self.caps.block_size))
+        self.top = max_prompt_len(self.caps, self.current)
+
+    def respeculate(self) -> None:
+        """Another value of one speculation knob, every other knob as configured."""
+        knob = self.draw(st.sampled_from(self.spec))
+        others = [v for v in self.caps.config_space[knob] if str(v) != str(self.current.get(knob))]
+        self.configure({**self.current, knob: self.draw(st.sampled_from(others))})
+
+    def pick_from_pool(self) -> list[Union[Request, Continuation]]:
+        return self.draw(st.lists(st.sampled_from(self.pool), min_size=1, max_size=self.max_batch,
+                                  unique_by=lambda p: p.id))
+
+    def add_batch(self, items: tuple) -> None:
+        items = one_binding_per_adapter(items)
+        self.steps.append(Batch(items))
+        self.pool.extend(items)
+
+
+# --------------------------------------------------------------------------- the step kinds
+
+
+def _batch(s: Stream) -> tuple:
+    return tuple(s.fresh_request() for _ in range(s.draw(st.integers(1, s.max_batch))))
+
+
+def _resend(s: Stream) -> tuple:
+    order = s.draw(st.permutations(s.pick_from_pool()))
+    return tuple(renamed(p, s.next_id(), s.top) for p in order)
+
+
+def _continue(s: Stream) -> tuple:
+    parent = s.draw(st.sampled_from(s.pool))
+    extra = s.draw(st.integers(1, s.caps.block_size + 1).flatmap(lambda n: token_lists(s.caps, n)))
+    return (Continuation(s.next_id(), parent.id, extra, s.draw(max_tokens(s.caps)), s.draw(stop_ids(s.caps)),
+                         parent.identity, s.top),)
+
+
+def _restop(s: Stream) -> tuple:
+    parent = s.draw(st.sampled_from(s.pool))
+    return (Continuation(s.next_id(), parent.id, s.draw(token_lists(s.caps, 1)), s.draw(st.integers(2, MAX_NEW)),
+                         (), parent.identity, s.top, restop=s.draw(st.integers(0, MAX_NEW - 1))),)
+
+
+def _poison(s: Stream) -> tuple:
+    # Half the time the nearest other identity (one input changed: a key that drops exactly that input
+    # collides), else any other one.
+    victim = s.draw(st.sampled_from(s.requests_in_pool()))
+    others = [i for i in s.identities if i != victim.identity]
+    near = nearest_by_input(victim.identity, others)
+    if near and s.draw(st.booleans()):
+        other = s.draw(st.sampled_from(sorted(near)).flatmap(lambda k: st.sampled_from(near[k])))
+    else:
+        other = s.draw(st.sampled_from(others))
+    # Often the very same prompt (one tenant's exact request under another's identity).
+    suffix = s.draw(st.one_of(st.just(()), st.integers(1, s.caps.block_size).flatmap(lambda n: token_lists(s.caps, n))))
+    return (Request(s.next_id(), (victim.prompt + suffix)[:s.top], victim.max_tokens, victim.stop_ids, other),)
+
+
+def _shiftable(s: Stream) -> list[Request]:
+    return [p for p in s.requests_in_pool() if len(p.prompt) >= 2 * s.bs]
+
+
+def _shift(s: Stream) -> tuple:
+    # An earlier prompt with its leading block(s) cut off: its later blocks now start the prompt, at other
+    # positions after another prefix. A block key that is not chained to its parent (position- and
+    # prefix-blind) serves the old KV. Cut at the configured block size, keep a full block of the
+    # victim, and add enough tokens that it can be a hit (> one block).
+    bs = s.bs
+    victim = s.draw(st.sampled_from(_shiftable(s)))
+    cut = bs * s.draw(st.integers(1, len(victim.prompt) // bs - 1))
+    rest = victim.prompt[cut:]
+    suffix = s.draw(st.integers(max(1, bs + 1 - len(rest)), max(1, bs + 1 - len(rest), bs))
+                    .flatmap(lambda n: token_lists(s.caps, n)))
+    return (Request(s.next_id(), (rest + suffix)[:s.top], victim.max_tokens, victim.stop_ids, victim.identity),)
+
+
+def _flood(s: Stream) -> tuple:
+    # Memory pressure: a full batch of long, unrelated prompts, so a small pool must evict (and preempt) —
+    # eviction and reuse of evicted blocks are where refcount bugs show (BUG_CLASSES D).
+    n = s.draw(st.integers(max(1, s.top // 2), s.top))
+    return tuple(Request(s.next_id(), s.draw(token_lists(s.caps, n)), s.draw(max_tokens(s.caps)), (), s.draw(s.ident))
+                 for _ in range(s.max_batch))
+
+
+def _flush_resend(s: Stream) -> tuple:
+    # The same traffic again after a flush: nothing may be reported cached that the flush dropped
+    # (lmdeploy 4917: counts reported after they stopped being valid), and outputs must not depend on
+    # the warm cache being gone.
+    s.steps.append(Reset())
+    return tuple(renamed(p, s.next_id(), s.top) for p in s.pick_from_pool())
+
+
+def _configure(s: Stream) -> None:
+    s.configure()
+
+
+def _reset(s: Stream) -> None:
+    s.steps.append(Reset())
+
+
+@frozen
+class StepKind:
+    """One kind of step: when it can be drawn (`applies`) and how (`build` returns the batch's items, or
+    None for a step that sends nothing, having appended its own Configure or Reset)."""
+
+    name: str
+    build: Callable[[Stream], tuple | None]
+    applies: Callable[[Stream], bool] = lambda s: True
+
+
+STEP_KINDS: dict[str, StepKind] = {k.name: k for k in (
+    StepKind("batch", _batch),
+    StepKind("resend", _resend, lambda s: bool(s.pool)),
+    StepKind("continue", _continue, lambda s: bool(s.pool)),
+    StepKind("restop", _restop, lambda s: bool(s.pool)),
+    StepKind("poison", _poison, lambda s: bool(s.requests_in_pool()) and len(s.identities) > 1),
+    StepKind("shift", _shift, lambda s: bool(_shiftable(s))),
+    StepKind("flood", _flood),
+    StepKind("flush_resend", _flush_resend, lambda s: bool(s.pool)),
+    StepKind("configure", _configure, lambda s: bool(s.caps.config_space)),
+    StepKind("reset", _reset),
+)}
+
 # Weighted by repetition: reuse (resend / continue / poison) is where the bugs are. "batch" comes first
-# because Hypothesis shrinks towards the first element.
+# because Hypothesis shrinks towards the first element; a kind that does not apply yet draws a batch.
 KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset",
          "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop")
+
+
+def draw_step(s: Stream, name: str) -> None:
+    """Draw one step of kind `name` (a batch where it does not apply) onto `s.steps`."""
+    kind = STEP_KINDS[name]
+    if not kind.applies(s):
+        kind = STEP_KINDS["batch"]
+    items = kind.build(s)
+    if items is not None:
+        s.add_batch(items)
 
 
 @st.composite
 def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch: int = 4) -> tuple[Step, ...]:
     """A request stream as a prefix tree, with resends, conversations, poisoning and reconfiguration."""
-    top = max_prompt_len(caps)
-    roots = draw(st.lists(prompt_lengths(caps).flatmap(lambda n: token_lists(caps, n)), min_size=1, max_size=3))
-    identities = all_identities(caps)
-    ident = st.sampled_from(identities)
-    ids = itertools.count()
-
-    def fresh_request() -> Request:
-        length = draw(prompt_lengths(caps, top))
-        which = draw(st.integers(0, len(roots)))
-        base = roots[which] if which < len(roots) else ()
-        prompt = base[:length] if len(base) >= length else base + draw(token_lists(caps, length - len(base)))
-        return Request(f"r{next(ids)}", prompt, draw(max_tokens(caps)), draw(stop_ids(caps)), draw(ident))
-
-    steps: list[Step] = []
-    bs = caps.block_size  # the block size and longest prompt in effect (a Configure may change them)
-    current: dict[str, Any] = {}  # the configuration in effect
-    spec = spec_knobs(caps)
-
-    def configure(config: Mapping[str, Any] | None = None) -> None:
-        nonlocal bs, top, current
-        current = dict(draw(configs(caps)) if config is None else config)
-        steps.append(Configure(current))
-        bs = int(current.get("block_size", caps.block_size))
-        top = max_prompt_len(caps, current)
-
-    def respeculate() -> None:
-        """Another value of one speculation knob, every other knob as configured."""
-        knob = draw(st.sampled_from(spec))
-        others = [v for v in caps.config_space[knob] if str(v) != str(current.get(knob))]
-        configure({**current, knob: draw(st.sampled_from(others))})
-
+    s = Stream(draw, caps, max_batch)
     if caps.config_space:
-        configure()
-    pool: list[Union[Request, Continuation]] = []
+        s.configure()
     for _ in range(draw(st.integers(min(2, max_steps), max_steps))):
-        kind = draw(st.sampled_from(KINDS))
-        requests_in_pool = [p for p in pool if isinstance(p, Request)]
-        if kind == "resend" and pool:
-            chosen = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_batch, unique_by=lambda p: p.id))
-            order = draw(st.permutations(chosen))
-            items = tuple(renamed(p, f"r{next(ids)}", top) for p in order)
-        elif kind == "continue" and pool:
-            parent = draw(st.sampled_from(pool))
-            extra = draw(st.integers(1, caps.block_size + 1).flatmap(lambda n: token_lists(caps, n)))
-            items = (Continuation(f"r{next(ids)}", parent.id, extra, draw(max_tokens(caps)), draw(stop_ids(caps)),
-                                  parent.identity, top),)
-        elif kind == "restop" and pool:
-            parent = draw(st.sampled_from(pool))
-            items = (Continuation(f"r{next(ids)}", parent.id, draw(token_lists(caps, 1)), draw(st.integers(2, MAX_NEW)),
-                                  (), parent.identity, top, restop=draw(st.integers(0, MAX_NEW - 1))),)
-        elif kind == "poison" and requests_in_pool and len(identities) > 1:
-            # Half the time the nearest other identity (one input changed: a key that drops exactly
-            # that input collides), else any other one.
-            victim = draw(st.sampled_from(requests_in_pool))
-            others = [i for i in identities if i != victim.identity]
-            near = nearest_by_input(victim.identity, others)
-            if near and draw(st.booleans()):
-                other = draw(st.sampled_from(sorted(near)).flatmap(lambda k: st.sampled_from(near[k])))
-            else:
-                other = draw(st.sampled_from(others))
-            # Often the very same prompt (one tenant's exact request under another's identity).
-            suffix = draw(st.one_of(st.just(()),
-                                    st.integers(1, caps.block_size).flatmap(lambda n: token_lists(caps, n))))
-            prompt = (victim.prompt + suffix)[:top]
-            items = (Request(f"r{next(ids)}", prompt, victim.max_tokens, victim.stop_ids, other),)
-        elif kind == "shift" and any(len(p.prompt) >= 2 * bs for p in requests_in_pool):
-            # An earlier prompt with its leading block(s) cut off: its later blocks now start the prompt,
-            # at other positions after another prefix. A block key that is not chained to its parent
-            # (position- and prefix-blind) serves the old KV. Cut at the configured block size, keep a
-            # full block of the victim, and add enough tokens that it can be a hit (> one block).
-            victim = draw(st.sampled_from([p for p in requests_in_pool if len(p.prompt) >= 2 * bs]))
-            cut = bs * draw(st.integers(1, len(victim.prompt) // bs - 1))
-            rest = victim.prompt[cut:]
-            suffix = draw(st.integers(max(1, bs + 1 - len(rest)), max(1, bs + 1 - len(rest), bs))
-                          .flatmap(lambda n: token_lists(caps, n)))
-            items = (Request(f"r{next(ids)}", (rest + suffix)[:top], victim.max_tokens,
-                             victim.stop_ids, victim.identity),)
-        elif kind == "flood":
-            # Memory pressure: a full batch of long, unrelated prompts, so a small pool must evict (and
-            # preempt) — eviction and reuse of evicted blocks are where refcount bugs show (BUG_CLASSES D).
-            n = draw(st.integers(max(1, top // 2), top))
-            items = tuple(Request(f"r{next(ids)}", draw(token_lists(caps, n)), draw(max_tokens(caps)), (),
-                                  draw(ident)) for _ in range(max_batch))
-        elif kind == "flush_resend" and pool:
-            # The same traffic again after a flush: nothing may be reported cached that the flush
-            # dropped (lmdeploy 4917: counts reported after they stopped being valid), and outputs
-            # must not depend on the warm cache being gone.
-            steps.append(Reset())
-            chosen = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_batch, unique_by=lambda p: p.id))
-            items = tuple(renamed(p, f"r{next(ids)}", top) for p in chosen)
-        elif kind == "configure" and caps.config_space:
-            configure()
-            continue
-        elif kind == "reset":
-            steps.append(Reset())
-            continue
-        else:
-            items = tuple(fresh_request() for _ in range(draw(st.integers(1, max_batch))))
-        items = one_binding_per_adapter(items)
-        steps.append(Batch(items))
-        pool.extend(items)
-    if spec and pool and draw(st.booleans()):
+        draw_step(s, draw(st.sampled_from(KINDS)))
+    if s.spec and s.pool and draw(st.booleans()):
         # Half the scenarios end by sending earlier requests again under another speculation setting,
         # all else unchanged: the direct test of spec_independence (BUG_CLASSES C). Configure-then-resend
         # makes such a pair only by chance, too rarely for a short run (the dev profile's 12 examples)
         # to settle the claim. A tail, not a step kind, so the steps above keep their share of the
         # scenario (a reconfigured engine may start cold: fewer hits, fewer evictions), and shrinking
         # drops it where a witness does not need it.
-        respeculate()
-        chosen = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_batch, unique_by=lambda p: p.id))
-        steps.append(Batch(one_binding_per_adapter(tuple(renamed(p, f"r{next(ids)}", top) for p in chosen))))
-    return tuple(steps)
+        s.respeculate()
+        s.add_batch(tuple(renamed(p, s.next_id(), s.top) for p in s.pick_from_pool()))
+    return tuple(s.steps)
 
 
 def renamed(item: Union[Request, Continuation], new_id: str, top: int) -> Union[Request, Continuation]:
