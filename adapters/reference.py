@@ -10,33 +10,38 @@ configurations). The engine computes in float64 and declares tolerance 0: any di
 Identities: conformance's Identity(revision, adapter, adapter_digest, salt) maps to the engine's
 Identity(revision, adapter, salt). An `adapter_digest` that names other known weights than the
 adapter's current ones (full digest or a prefix of >= 8) rebinds the name to those weights first — an
-in-place adapter reload, which must invalidate that adapter's cached KV. `capabilities().adapters`
-lists every (name, weights) binding as "name@digest", so the strategies exercise reloads.
+in-place adapter reload, which must invalidate that adapter's cached KV (`ModelRegistry.bind_adapter`;
+each adapter has a registry of its own, so a reload never leaks into another adapter).
+`capabilities().adapters` lists every (name, weights) binding as "name@digest", so the strategies
+exercise reloads.
 
 Claims (`capabilities`) describe the whole `config_space`, not only the current configuration: the
 strategies configure every example from that space, so speculation and chunked prefill are exercised
 (and the vacuity guard must ask for accepted drafts and chunked prefills) even when the defaults have
 them off.
 
-`fault=NAME` switches on one fault of the fault zoo (reference_engine/faults.py) in every engine this
-adapter builds; without it the engine is built and run exactly as always.
+`fault=NAME` builds every engine of this adapter with one fault of the fault zoo planted
+(reference_engine/faults.py `build_engine`); without it the engine is built from the normal classes.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping, Sequence
+
+import torch
 
 from adapters.engine_args import bool_arg, choice_arg, int_arg
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
-from reference_engine import checkpoints
 from reference_engine.baseline import greedy
-from reference_engine.drafters import DRAFTERS
-from reference_engine.engine import Engine, EngineConfig
+from reference_engine.config import DRAFTER_NAMES, EngineConfig
+from reference_engine.engine import Engine
 from reference_engine.engine import Request as EngineRequest
-from reference_engine.faults import FAULTS, apply_fault
-from reference_engine.errors import PoolExhaustedError, ReferenceEngineError
+from reference_engine.errors import PoolExhaustedError, ReferenceEngineError, UnknownAdapterError
+from reference_engine.faults import FAULTS, build_engine
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.sequence import Identity as EngineIdentity
+from reference_engine.weights import Weights
 
 KNOBS = ("block_size", "num_blocks", "prefix_cache", "drafter", "k", "chunk_size", "token_budget", "max_batch",
          "pool_tokens")
@@ -56,27 +61,23 @@ CONFIG_SPACE = {
 }
 KNOB_ROLES = {"block_size": "cache", "pool_tokens": "cache", "drafter": "speculation", "k": "speculation",
               "chunk_size": "schedule", "token_budget": "schedule"}
-_REGISTRY: ModelRegistry | None = None
+
+
+# The one process-wide object of this adapter, and why it is safe to share: `Weights` maps what
+# weights *are* (a revision; an adapter's weights digest) to the loaded model, so an entry never
+# changes once loaded and no adapter can observe another's use of it. It is what makes reconfiguring,
+# and building many adapters (minimising a witness builds hundreds), cost no reloads. What does change
+# — which weights an adapter name is bound to — belongs to each adapter's own registry
+# (`shared_registry`), so an in-place reload in one adapter never leaks into another.
+@functools.cache
+def shared_weights() -> Weights:
+    """The process's loaded models (float64, the engine's dtype), loaded on first use."""
+    return Weights(torch.float64)
 
 
 def shared_registry() -> ModelRegistry:
-    """One set of loaded models per process: reconfiguring builds a new engine, not new weights."""
-    global _REGISTRY
-    if _REGISTRY is None:
-        _REGISTRY = ModelRegistry()
-    return _REGISTRY
-
-
-def known_weights(registry: ModelRegistry) -> dict[str, tuple]:
-    """Every adapter weights the registry was first given, by digest (kept on the registry: rebinding a
-    name must not lose the weights it was bound to)."""
-    table = registry.__dict__.get("_kvparity_weights")
-    if table is None:
-        table = {entry[0]: entry for entry in registry.adapters.values()}
-        registry.__dict__["_kvparity_weights"] = table
-    return table
-
-
+    """A registry with bindings of its own (the shipped adapters) over the process's loaded models."""
+    return ModelRegistry(weights=shared_weights())
 
 
 def engine_config(knobs: Mapping[str, Any]) -> EngineConfig:
@@ -84,7 +85,7 @@ def engine_config(knobs: Mapping[str, Any]) -> EngineConfig:
     if unknown:
         raise UsageError(f"unknown reference engine argument(s) {sorted(unknown)}; known: {', '.join(KNOBS)}")
     m = {**DEFAULTS, **{k: v for k, v in knobs.items()}}
-    drafter = choice_arg("drafter", m["drafter"], ("none", *DRAFTERS))
+    drafter = choice_arg("drafter", m["drafter"], ("none", *DRAFTER_NAMES))
     block_size = int_arg("block_size", m["block_size"])
     pool_tokens = int_arg("pool_tokens", m["pool_tokens"], allow_none=True)
     num_blocks = -(-pool_tokens // block_size) if pool_tokens else int_arg("num_blocks", m["num_blocks"])
@@ -107,7 +108,6 @@ class ReferenceAdapter:
         self.defaults = {**DEFAULTS, **{k: str(v) for k, v in knobs.items()}}
         engine_config(self.defaults)  # validate now: bad engine arguments are a usage error
         self.registry = shared_registry()
-        self.weights = known_weights(self.registry)
         self.engine: Engine | None = None
         self.configure({})
 
@@ -128,8 +128,8 @@ class ReferenceAdapter:
             evicts=c.enable_prefix_cache,
             top2_logits=False, identities=frozenset({"salt", "adapter", "revision"}),
             revisions=self.registry.revisions(),
-            adapters=tuple(f"{name}@{digest}" for name in sorted(self.registry.adapters)
-                           for digest in sorted(self.weights)),
+            adapters=tuple(f"{name}@{digest}" for name in sorted(self.registry.adapters())
+                           for digest in sorted(self.registry.known_weights())),
             introspection=True, baseline_mode=True, tolerance=0.0,
             config_space=CONFIG_SPACE, knob_roles=KNOB_ROLES, min_hit_prompt=c.block_size + 1,
             context_limits={"pool_tokens": {str(v): v for v in CONFIG_SPACE["pool_tokens"]}})
@@ -137,7 +137,7 @@ class ReferenceAdapter:
     def configure(self, config: Mapping[str, Any]) -> None:
         self.config = engine_config({**self.defaults, **{k: str(v) for k, v in config.items()}})
         try:
-            self.engine = apply_fault(Engine(self.config, self.registry), self.fault)
+            self.engine = build_engine(self.config, self.registry, self.fault)
         except ValueError as e:
             raise UsageError(str(e)) from e
 
@@ -180,24 +180,11 @@ class ReferenceAdapter:
         return EngineIdentity(identity.revision, adapter, identity.salt)
 
     def _bind_adapter(self, name: str, digest: str) -> None:
-        current = self.registry.adapters.get(name)
-        if current is not None and current[0].startswith(digest):
-            return
-        if name in self.registry.adapters and len(digest) >= 8:
-            for full, weights in self.weights.items():
-                if full.startswith(digest):
-                    self.registry.adapters[name] = weights
-                    self.registry._identities.clear()
-                    return
-        if len(digest) >= 8:
-            for source in checkpoints.ADAPTERS:
-                try:
-                    if checkpoints.adapter_digest(source).startswith(digest):
-                        self.registry.load_adapter(name, source)
-                        return
-                except OSError:
-                    continue
-        raise UsageError(f"adapter {name!r} with weights digest {digest!r}: no such shipped weights")
+        """An identity naming other weights than the adapter's current ones: an in-place reload."""
+        try:
+            self.registry.bind_adapter(name, digest)
+        except UnknownAdapterError as e:
+            raise UsageError(f"adapter {name!r} with weights digest {digest!r}: no such shipped weights") from e
 
     @staticmethod
     def _result(rep) -> Result:

@@ -1,4 +1,5 @@
-"""The block pool: paged KV storage, reference counts, a free list, and the paged KVStore.
+"""The block pool: every block's state, in one owner — refcounts, the free list, the cache-key table,
+the LRU of reusable blocks, the eviction count — and the paged KVStore.
 
 Why paging: sequences grow one token (or one verified draft run) at a time and finish in any order.
 Giving each a contiguous buffer wastes memory and makes sharing a prefix impossible; fixed-size blocks
@@ -7,25 +8,26 @@ can be shared by several sequences (refcount > 1) when the prefix cache serves i
 
 A physical block is always in exactly one of three states, which the white-box checks rely on:
   free         refcount 0, no cache key, in `free`              (its KV is garbage)
-  cached       refcount 0, has a cache key, parked in the prefix cache's LRU   (evictable)
+  cached       refcount 0, has a cache key, in `lru`            (reusable; evictable)
   in use       refcount > 0, referenced by >= 1 block table     (never evicted, never freed)
-The pool owns the first and the refcounts; `prefix_cache.PrefixCache` owns keys and the LRU and is
-plugged in through `cache` so a block whose refcount drops to 0 is parked there instead of freed.
+Why one owner: moving a block between those states touches the refcount, the free list, the key table
+and the LRU together, so they live together here (as in nano-vllm's BlockManager) and every transition
+is one method of the pool. `prefix_cache.PrefixCache` is the keying *policy* — what a block's key is,
+which blocks may be registered, how much of a prompt a hit may serve — and reaches block state only
+through the pool's public methods (`lookup`, `acquire`, `register`). The pool never imports it.
+
+Each eviction decision is one small method (`eviction_candidate`), the seam a fault overrides.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import TYPE_CHECKING
+from collections import OrderedDict, deque
 
 import attrs
 import torch
 import torch.nn.functional as F
 
 from reference_engine.model import LlamaConfig
-
-if TYPE_CHECKING:
-    from reference_engine.prefix_cache import PrefixCache
 
 
 class PoolFullError(RuntimeError):
@@ -55,7 +57,8 @@ class Block:
 
 
 class BlockPool:
-    """Fixed-size blocks of KV for every layer, with refcounts and a free list."""
+    """Fixed-size blocks of KV for every layer, and all their state: refcounts, free list, key table,
+    LRU of cached unreferenced blocks, evictions."""
 
     def __init__(self, num_blocks: int, block_size: int, model_config: LlamaConfig,
                  dtype: torch.dtype = torch.float64) -> None:
@@ -64,21 +67,26 @@ class BlockPool:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: deque[int] = deque(range(num_blocks))
+        self.table: dict[str, int] = {}  # cache key -> the block registered under it
+        self.lru: OrderedDict[int, None] = OrderedDict()  # cached and unreferenced; oldest first
+        self.evictions = 0
         c = model_config
         shape = (c.num_hidden_layers, num_blocks * block_size, c.num_key_value_heads, c.head_dim)
         # Flat slot-major storage: slot = block_id * block_size + offset. Zeros, not empty: a read of an
         # unwritten slot (a bug) then gives a deterministic wrong answer instead of a random one.
         self.k = torch.zeros(shape, dtype=dtype)
         self.v = torch.zeros(shape, dtype=dtype)
-        self.cache: PrefixCache | None = None
 
     # -- capacity ---------------------------------------------------------------------------------
     def num_free(self) -> int:
         return len(self.free)
 
+    def num_evictable(self) -> int:
+        return len(self.lru)
+
     def num_available(self) -> int:
         """Blocks an allocation may take now: free ones plus cached-unreferenced (evictable) ones."""
-        return len(self.free) + (self.cache.num_evictable() if self.cache is not None else 0)
+        return len(self.free) + len(self.lru)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -89,7 +97,7 @@ class BlockPool:
         block only when none is free (keeping reusable KV as long as possible)."""
         if self.free:
             bid = self.free.popleft()
-        elif self.cache is not None and (evicted := self.cache.evict_one()) is not None:
+        elif (evicted := self.evict_one()) is not None:
             bid = evicted
         else:
             raise PoolFullError("no free or evictable KV block")
@@ -99,12 +107,15 @@ class BlockPool:
         block.ref_count = 1
         return bid
 
-    def incref(self, bid: int) -> None:
+    def acquire(self, bid: int) -> None:
+        """Take one more reference to a block (a cache hit, or a share). A cached block leaves the LRU:
+        a referenced block is never evicted."""
+        self.lru.pop(bid, None)
         self.blocks[bid].ref_count += 1
 
     def release(self, bid: int) -> None:
-        """Drop one reference. At zero a registered block is parked in the cache (reusable), any other
-        goes back to the free list (its KV is garbage from now on)."""
+        """Drop one reference. At zero a registered block is parked in the LRU (reusable, most recently
+        used), any other goes back to the free list (its KV is garbage from now on)."""
         block = self.blocks[bid]
         if block.ref_count <= 0:
             raise RuntimeError(f"release of unreferenced block {bid}")
@@ -112,14 +123,59 @@ class BlockPool:
         if block.ref_count:
             return
         block.provisional = False
-        if block.key is not None and self.cache is not None and self.cache.park(bid):
+        if block.key is not None and self.table.get(block.key) == bid:
+            self.lru[bid] = None
+            self.lru.move_to_end(bid)
             return
-        self.recycle(bid)
+        self._recycle(bid)
 
-    def recycle(self, bid: int) -> None:
+    def _recycle(self, bid: int) -> None:
         """An unreferenced block back to the free list, its KV garbage from now on."""
         self.blocks[bid].reset()
         self.free.append(bid)
+
+    # -- the cache table ----------------------------------------------------------------------------
+    def lookup(self, key: str) -> int | None:
+        """The block cached under `key`, if any (the caller takes a reference with `acquire`)."""
+        return self.table.get(key)
+
+    def register(self, bid: int, key: str, tokens: tuple[int, ...], identity: tuple) -> bool:
+        """Make block `bid` the cache entry for `key`. If the key is cached already (another sequence
+        computed the same block) the first copy is kept and this block stays private (freed when
+        released), as it does if it carries a key already. Returns whether it was registered."""
+        block = self.blocks[bid]
+        if key in self.table or block.key is not None:
+            return False
+        self.table[key] = bid
+        block.key, block.tokens, block.identity = key, tokens, identity
+        return True
+
+    def eviction_candidate(self) -> int | None:
+        """The least recently used block nobody references."""
+        return next(iter(self.lru), None)
+
+    def evict_one(self) -> int | None:
+        """Forget one cached block; returns its id (now unreferenced and keyless) for reuse."""
+        bid = self.eviction_candidate()
+        if bid is None:
+            return None
+        self.lru.pop(bid, None)
+        block = self.blocks[bid]
+        if block.key is not None and self.table.get(block.key) == bid:
+            del self.table[block.key]
+        block.reset()
+        self.evictions += 1
+        return bid
+
+    def drop_cached(self) -> None:
+        """Forget every cache entry: unreferenced cached blocks are freed, referenced ones lose their key
+        (and are freed when released)."""
+        for bid in list(self.lru):
+            self.lru.pop(bid)
+            self._recycle(bid)
+        for bid in self.table.values():
+            self.blocks[bid].unregister()
+        self.table.clear()
 
     # -- white-box ----------------------------------------------------------------------------------
     def counts(self, tables: list[list[int]]) -> dict:
@@ -128,7 +184,7 @@ class BlockPool:
         for table in tables:
             for bid in table:
                 refs[bid] += 1
-        cached = set(self.cache.lru) if self.cache is not None else set()
+        cached = set(self.lru)
         free = set(self.free)
         in_use = {b.id for b in self.blocks if b.ref_count > 0}
         ok = (len(free) == len(self.free) and not (free & cached) and not (free & in_use)

@@ -20,6 +20,7 @@ import abc
 import torch
 
 from reference_engine.baseline import greedy
+from reference_engine.config import DRAFTER_NAMES
 from reference_engine.model import DenseKV
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.sequence import Sequence
@@ -167,6 +168,7 @@ class AdversarialDrafter(OracleDrafter):
 
 DRAFTERS = {"draft": DraftModelDrafter, "ngram": NgramDrafter, "oracle": OracleDrafter,
             "adversarial": AdversarialDrafter}
+assert tuple(DRAFTERS) == DRAFTER_NAMES, "config.DRAFTER_NAMES (what EngineConfig accepts) must list every drafter"
 
 
 def make_drafter(name: str, registry: ModelRegistry, k: int) -> Drafter | None:

@@ -24,7 +24,8 @@ A step (`step`):
      (`commit_tokens`), eos / stop / max_tokens cut the run (`truncate_at_finish`), provisional KV
      past the committed tokens is rolled back and its blocks freed (`rollback`), and newly full
      blocks of committed KV enter the prefix cache.
-Each of those decisions is one small method so a fault can replace exactly one of them.
+Each of those decisions is one small method so a fault — a subclass (faults.py) — can replace exactly
+one of them; the pool, cache and scheduler classes come in through `Parts` for the same reason.
 """
 
 from __future__ import annotations
@@ -37,39 +38,30 @@ import torch
 
 from reference_engine.baseline import finish_reason
 from reference_engine.block_pool import BlockPool, PagedKV, Segment
-from reference_engine.drafters import DRAFTERS, make_drafter
+from reference_engine.config import EngineConfig
+from reference_engine.drafters import make_drafter
 from reference_engine.errors import BadRequestError, PoolExhaustedError, validate_prompt
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.prefix_cache import PrefixCache
 from reference_engine.scheduler import Scheduler, Work
 from reference_engine.sequence import Identity, Report, Sequence
 
-__all__ = ["Engine", "EngineConfig", "Identity", "Report", "Request"]
-
-
-def _positive(name: str):
-    def check(_inst, _attr, value):
-        if value is not None and int(value) < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    return check
+# EngineConfig lives in config.py (the scheduler reads it too) and is re-exported here.
+__all__ = ["Engine", "EngineConfig", "Identity", "Parts", "Report", "Request"]
 
 
 @attrs.frozen
-class EngineConfig:
-    """Every knob. chunk_size None = prefill a prompt in one pass (budget permitting)."""
+class Parts:
+    """The component classes an engine is built from; the defaults make the correct engine.
 
-    block_size: int = attrs.field(default=16, validator=_positive("block_size"))
-    num_blocks: int = attrs.field(default=512, validator=_positive("num_blocks"))
-    enable_prefix_cache: bool = True
-    drafter: str = "none"  # none | draft | ngram | oracle | adversarial
-    k: int = attrs.field(default=4, validator=_positive("k"))
-    chunk_size: int | None = attrs.field(default=None, validator=_positive("chunk_size"))
-    token_budget: int = attrs.field(default=4096, validator=_positive("token_budget"))
-    max_batch: int = attrs.field(default=64, validator=_positive("max_batch"))
+    Why classes, not instances or patches: every decision a fault of the zoo (faults.py) may change is
+    one method of one component, so a fault is a subclass overriding that method, and an engine with
+    the fault is *constructed* from it. No live object is ever altered, and an engine built with the
+    default parts runs exactly these classes' code."""
 
-    def __attrs_post_init__(self) -> None:
-        if self.drafter not in ("none", *DRAFTERS):
-            raise ValueError(f"unknown drafter {self.drafter!r}; choose from none, {', '.join(DRAFTERS)}")
+    pool: type[BlockPool] = BlockPool
+    cache: type[PrefixCache] = PrefixCache
+    scheduler: type[Scheduler] = Scheduler
 
 
 @attrs.frozen
@@ -82,16 +74,18 @@ class Request:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig | None = None, registry: ModelRegistry | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, registry: ModelRegistry | None = None,
+                 parts: Parts | None = None) -> None:
         self.config = config or EngineConfig()
         self.registry = registry or ModelRegistry()
+        parts = parts or Parts()
         self.model_config = self.registry.config()
-        self.pool = BlockPool(self.config.num_blocks, self.config.block_size, self.model_config,
-                              self.registry.dtype)
-        self.cache = PrefixCache(self.pool) if self.config.enable_prefix_cache else None
+        self.pool = parts.pool(self.config.num_blocks, self.config.block_size, self.model_config,
+                               self.registry.dtype)
+        self.cache = parts.cache(self.pool) if self.config.enable_prefix_cache else None
         self.drafter = make_drafter(self.config.drafter, self.registry, self.config.k)
-        self.scheduler = Scheduler(self.config, self.pool, self.cache, self.registry.cache_identity,
-                                   self._on_preempt, self.model_config.max_position_embeddings)
+        self.scheduler = parts.scheduler(self.config, self.pool, self.cache, self.registry.cache_identity,
+                                         self._on_preempt, self.model_config.max_position_embeddings)
         self.live: dict[str, Sequence] = {}
         self.finished: dict[str, Report] = {}
         self.target_cost = 0  # target token-forwards, engine-wide: the cost clock
@@ -190,9 +184,8 @@ class Engine:
         return [self.finished[r.request_id] for r in requests]
 
     def flush(self) -> None:
-        """Forget every reusable KV: the prefix cache and drafter state."""
-        if self.cache is not None:
-            self.cache.flush()
+        """Forget every reusable KV: the prefix cache's blocks and drafter state."""
+        self.pool.drop_cached()
         if self.drafter is not None:
             self.drafter.reset()
 
@@ -348,7 +341,7 @@ class Engine:
     # -- introspection ------------------------------------------------------------------------------
     @property
     def evictions(self) -> int:
-        return self.cache.evictions if self.cache is not None else 0
+        return self.pool.evictions
 
     def pool_counts(self) -> dict:
         tables = [s.block_table for s in self.live.values()]

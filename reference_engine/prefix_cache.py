@@ -1,4 +1,5 @@
-"""The prefix cache: full blocks of committed KV, found again by a chained, identity-bound key.
+"""The prefix cache's keying policy: which full blocks of committed KV are reusable, under which
+chained, identity-bound key, and how much of a prompt a hit may serve.
 
 A block's KV depends on every token before it and on the weights that produced it, so its key must
 say all of that (DESIGN.md "Identity"; BUG_CLASSES A):
@@ -13,18 +14,18 @@ say all of that (DESIGN.md "Identity"; BUG_CLASSES A):
 
 Only full blocks whose every token is committed and computed are registered, so a partial block and
 provisional (draft) KV never enter the cache. A hit is capped at Lin - 1 tokens: the last prompt token
-is always computed, so a hit yields fresh logits and never skips generation. Unreferenced cached blocks
-sit in an LRU and are evicted only when the pool has no free block.
+is always computed, so a hit yields fresh logits and never skips generation.
 
-Each of those decisions is one small method (`identity_fields`, `block_key`, `hit_limit`,
-`is_cacheable`, `eviction_candidate`), the seams a fault injector overrides one at a time.
+This module holds no block state: the key table, the LRU of unreferenced cached blocks and eviction
+(only when no block is free) belong to `block_pool.BlockPool`, the one owner of every block's state;
+`match` and `register` go through its public methods. Each decision here is one small method
+(`identity_fields`, `block_key`, `hit_limit`, `is_cacheable`), the seams a fault overrides one at a time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Sequence
 
 import attrs
@@ -51,10 +52,6 @@ class PrefixCache:
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self.block_size = pool.block_size
-        self.table: dict[str, int] = {}  # key -> physical block id
-        self.lru: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; oldest first
-        self.evictions = 0
-        pool.cache = self
 
     # -- the key ------------------------------------------------------------------------------------
     def identity_fields(self, identity: CacheIdentity) -> list:
@@ -75,13 +72,13 @@ class PrefixCache:
 
     def match(self, tokens: Sequence[int], identity: CacheIdentity) -> tuple[list[int], list[str]]:
         """Longest chain of cached full blocks prefixing `tokens` (within `hit_limit`). Returns block
-        ids and their keys; the caller takes a reference with `acquire`."""
+        ids and their keys; the caller takes a reference to each with `BlockPool.acquire`."""
         bs = self.block_size
         usable = max(0, self.hit_limit(len(tokens))) // bs
         blocks, keys, parent = [], [], None
         for i in range(usable):
             key = self.block_key(parent, tokens[i * bs:(i + 1) * bs], identity)
-            bid = self.table.get(key)
+            bid = self.pool.lookup(key)
             if bid is None:
                 break
             blocks.append(bid)
@@ -89,70 +86,22 @@ class PrefixCache:
             parent = key
         return blocks, keys
 
-    def acquire(self, bid: int) -> None:
-        """Take a reference to a hit block (it leaves the LRU: a referenced block is never evicted)."""
-        self.lru.pop(bid, None)
-        self.pool.incref(bid)
-
     # -- registration -------------------------------------------------------------------------------
     def is_cacheable(self, seq: Seq, index: int) -> bool:
         """Block `index` of `seq` may be registered once it is full of committed, computed tokens."""
         return (index + 1) * self.block_size <= seq.num_computed
 
     def register(self, seq: Seq, identity: CacheIdentity) -> None:
-        """Register every newly cacheable block of `seq` (prompt blocks after prefill and generated
-        blocks as decode fills them)."""
+        """Key every newly cacheable block of `seq` (prompt blocks after prefill and generated blocks
+        as decode fills them) and offer it to the pool, which keeps the first copy of a key."""
         bs = self.block_size
+        fields: tuple | None = None
         while len(seq.block_keys) < len(seq.block_table) and self.is_cacheable(seq, len(seq.block_keys)):
             i = len(seq.block_keys)
             parent = seq.block_keys[-1] if seq.block_keys else None
             tokens = tuple(seq.tokens[i * bs:(i + 1) * bs])
             key = self.block_key(parent, tokens, identity)
-            bid = seq.block_table[i]
-            block = self.pool.blocks[bid]
-            if key not in self.table and block.key is None:
-                # If the key is already cached (another sequence computed the same block), keep the
-                # first copy; this block stays private and is freed when released.
-                self.table[key] = bid
-                block.key, block.tokens = key, tokens
-                block.identity = tuple(v for _, v in self.identity_fields(identity))
+            if fields is None:
+                fields = tuple(v for _, v in self.identity_fields(identity))
+            self.pool.register(seq.block_table[i], key, tokens, fields)
             seq.block_keys.append(key)
-
-    # -- LRU and eviction ---------------------------------------------------------------------------
-    def park(self, bid: int) -> bool:
-        """A registered block lost its last reference: keep it reusable (most recently used)."""
-        block = self.pool.blocks[bid]
-        if self.table.get(block.key) != bid:
-            return False
-        self.lru[bid] = None
-        self.lru.move_to_end(bid)
-        return True
-
-    def num_evictable(self) -> int:
-        return len(self.lru)
-
-    def eviction_candidate(self) -> int | None:
-        """The least recently used block nobody references."""
-        return next(iter(self.lru), None)
-
-    def evict_one(self) -> int | None:
-        """Forget one cached block and hand its id to the pool for reuse."""
-        bid = self.eviction_candidate()
-        if bid is None:
-            return None
-        self.lru.pop(bid, None)
-        block = self.pool.blocks[bid]
-        if block.key is not None and self.table.get(block.key) == bid:
-            del self.table[block.key]
-        block.reset()
-        self.evictions += 1
-        return bid
-
-    def flush(self) -> None:
-        """Drop every cached block. Referenced ones lose their key (freed when released)."""
-        for bid in list(self.lru):
-            self.lru.pop(bid)
-            self.pool.recycle(bid)
-        for bid in self.table.values():
-            self.pool.blocks[bid].unregister()
-        self.table.clear()

@@ -11,21 +11,21 @@ Continuous batching under a per-step token budget:
      the queue front with its committed tokens, to be prefilled again. Admission never preempts.
 
 The scheduler only decides and reserves blocks; the engine runs the model and settles the results.
+Decisions are small methods so that a subclass can replace exactly one (faults.py overrides
+`reported_cached_tokens`).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import attrs
 
 from reference_engine.block_pool import BlockPool
+from reference_engine.config import EngineConfig
 from reference_engine.prefix_cache import PrefixCache
 from reference_engine.sequence import Sequence, Status
-
-if TYPE_CHECKING:
-    from reference_engine.engine import EngineConfig
 
 
 @attrs.define
@@ -116,7 +116,7 @@ class Scheduler:
         if self.cache is not None:
             hits, keys = self.cache.match(seq.tokens, self.resolve_identity(seq.identity))
             for bid in hits:
-                self.cache.acquire(bid)
+                self.pool.acquire(bid)
         start = len(hits) * self.pool.block_size
         n = self.piece(seq, start, budget)
         seq.block_table = hits

@@ -16,6 +16,7 @@ from reference_engine.checkpoints import CHECKPOINTS, DRAFT
 from reference_engine.model import Llama, LlamaConfig
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.sequence import Identity
+from reference_engine.weights import AdapterWeights, Weights
 
 
 def _perturbed(seed: int):
@@ -39,13 +40,14 @@ def _random_draft(config: LlamaConfig) -> Llama:
 
 @functools.lru_cache(maxsize=None)
 def registry() -> ModelRegistry:
-    reg = ModelRegistry()
-    for seed, name in enumerate(("upper", "rot13")):
-        if name not in reg.adapters:
-            reg.adapters[name] = (f"synthetic-{name}", _perturbed(100 + seed))
+    weights = None
     if not (CHECKPOINTS / DRAFT / "model.safetensors").exists():
-        cfg = reg.config()
-        reg._draft_loader = lambda: _random_draft(cfg)
+        cfg = ModelRegistry().config()
+        weights = Weights(draft_loader=lambda: _random_draft(cfg))
+    reg = ModelRegistry(weights=weights)
+    for seed, name in enumerate(("upper", "rot13")):
+        if name not in reg.adapters():
+            reg.load_adapter(name, AdapterWeights(f"synthetic-{name}", _perturbed(100 + seed)))
     return reg
 
 

@@ -6,13 +6,6 @@ import pytest
 
 from conformance.contract import Engine, Identity, Introspectable, Request, UsageError
 from adapters.reference import ReferenceAdapter
-import adapters.reference as ref
-from tests.engine_helpers import registry
-
-
-@pytest.fixture(autouse=True)
-def _shared_models(monkeypatch):
-    monkeypatch.setattr(ref, "_REGISTRY", registry())
 
 
 @pytest.mark.parametrize("kwargs", [{"block_size": "0"}, {"k": "x"}, {"drafter": "magic"}, {"colour": "red"},
@@ -84,3 +77,19 @@ def test_a_refused_batch_leaves_nothing_live_and_its_ids_can_be_sent_again():
     results = adapter.run([good, Request("s1", tuple(range(200, 220)), 4)])
     assert results[0].output == adapter.baseline(good).output
     assert adapter.snapshot()["live_requests"] == []
+
+
+def test_an_adapter_reload_rebinds_the_name_in_that_adapter_only():
+    """An identity naming other shipped weights under a name reloads the name in place (its baseline
+    follows), in the adapter that saw it and no other; unknown weights are a usage error."""
+    a, b = ReferenceAdapter(), ReferenceAdapter()
+    shipped = a.registry.adapters()
+    upper, rot13 = shipped["upper"], shipped["rot13"]
+    reload = Request("r", tuple(range(300, 320)), 6, (), Identity(adapter="upper", adapter_digest=rot13[:8]))
+    [result] = a.run([reload])
+    assert a.registry.adapters()["upper"] == rot13 and b.registry.adapters() == shipped
+    as_rot13 = Request("r", reload.prompt, 6, (), Identity(adapter="rot13"))
+    assert result.output == a.baseline(as_rot13).output == b.baseline(as_rot13).output
+    assert f"upper@{upper}" in a.capabilities().adapters  # the old weights stay known: it can reload back
+    with pytest.raises(UsageError, match="no such shipped weights"):
+        a.run([Request("x", reload.prompt, 2, (), Identity(adapter="upper", adapter_digest="0" * 8))])

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from reference_engine.block_pool import BlockPool, PagedKV, PoolFullError, Segment
 from reference_engine.model import DenseKV, Llama, LlamaConfig
-from reference_engine.prefix_cache import PrefixCache
 
 CFG = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
@@ -21,7 +20,7 @@ def test_allocate_release_returns_blocks_to_the_free_list():
     assert sorted(ids) == [0, 1, 2] and pool.num_free() == 0
     with pytest.raises(PoolFullError):
         pool.allocate()
-    pool.incref(ids[0])
+    pool.acquire(ids[0])
     pool.release(ids[0])
     assert pool.num_free() == 0  # still referenced once
     for bid in ids:
@@ -34,16 +33,39 @@ def test_allocate_release_returns_blocks_to_the_free_list():
 
 def test_registered_block_is_parked_not_freed_and_evicted_only_when_needed():
     pool = BlockPool(2, 4, CFG)
-    cache = PrefixCache(pool)
     bid = pool.allocate()
-    pool.blocks[bid].key = "k"
-    cache.table["k"] = bid
+    assert pool.register(bid, "k", (1, 2, 3, 4), ("digest",)) and pool.lookup("k") == bid
     pool.release(bid)
     assert pool.counts([])["cached_blocks"] == 1 and pool.num_available() == 2
     other = pool.allocate()  # takes the free one first
-    assert other != bid and cache.evictions == 0
+    assert other != bid and pool.evictions == 0
     again = pool.allocate()  # now evicts the cached one
-    assert again == bid and cache.evictions == 1 and "k" not in cache.table
+    assert again == bid and pool.evictions == 1 and pool.lookup("k") is None
+
+
+def test_a_key_is_registered_once_and_a_hit_takes_the_block_out_of_the_lru():
+    pool = BlockPool(3, 4, CFG)
+    first, second = pool.allocate(), pool.allocate()
+    assert pool.register(first, "k", (1,), ())
+    assert not pool.register(second, "k", (1,), ())  # same key computed twice: the first copy stays
+    pool.release(second)
+    pool.release(first)
+    assert pool.counts([])["free_blocks"] == 2 and pool.num_evictable() == 1
+    pool.acquire(first)  # a cache hit
+    assert pool.num_evictable() == 0 and pool.counts([[first]])["refcounts_ok"]
+
+
+def test_dropping_the_cache_frees_unreferenced_entries_and_unkeys_referenced_ones():
+    pool = BlockPool(3, 4, CFG)
+    held, parked = pool.allocate(), pool.allocate()
+    pool.register(held, "a", (1,), ())
+    pool.register(parked, "b", (2,), ())
+    pool.release(parked)
+    pool.drop_cached()
+    assert pool.lookup("a") is None and pool.lookup("b") is None and pool.blocks[held].key is None
+    assert pool.num_free() == 2 and pool.counts([[held]])["refcounts_ok"]
+    pool.release(held)
+    assert pool.num_free() == 3
 
 
 def test_counts_flag_a_refcount_that_disagrees_with_the_block_tables():

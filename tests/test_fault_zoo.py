@@ -13,18 +13,14 @@ from adapters.commands.fault_zoo import DEFAULT_OUT, ZooRow, ZooRun, bars, build
 from conformance import cli
 from conformance.cli import replay_case
 from conformance.contract import UsageError
+from reference_engine.block_pool import BlockPool
 from reference_engine.engine import Engine
-from reference_engine.faults import FAULTS, apply_fault
+from reference_engine.faults import FAULTS, COMPONENTS, build_engine
+from reference_engine.prefix_cache import PrefixCache
+from reference_engine.scheduler import Scheduler
 from tests.engine_helpers import registry
 
 CLASSES = {f.bug_class for f in FAULTS.values()}
-
-
-@pytest.fixture(autouse=True)
-def _own_models(monkeypatch):
-    # A registry of its own: the zoo rebinds adapter names (reloads), which must not leak into the
-    # process-wide registry other tests memoise baselines against.
-    monkeypatch.setattr(ref, "_REGISTRY", registry.__wrapped__())
 
 
 def test_zoo_covers_every_bug_class():
@@ -35,6 +31,8 @@ def test_default_engine_runs_with_no_fault():
     adapter = ref.ReferenceAdapter()
     assert adapter.fault is None and getattr(adapter.engine, "fault", None) is None
     engine = adapter.engine
+    assert [type(c) for c in (engine, engine.cache, engine.scheduler, engine.pool)] == \
+        [Engine, PrefixCache, Scheduler, BlockPool]
     for comp in (engine, engine.cache, engine.scheduler, engine.pool):
         assert not any(callable(v) for k, v in vars(comp).items() if not k.startswith("__")
                        and k in {f.method for f in FAULTS.values()} | {"_forward", "release"})
@@ -44,13 +42,18 @@ def test_unknown_fault_is_a_usage_error_listing_known_ones():
     with pytest.raises(UsageError, match="salt_ignored"):
         ref.ReferenceAdapter(fault="no_such_fault")
     with pytest.raises(KeyError):
-        apply_fault(Engine(registry=ref._REGISTRY), "no_such_fault")
+        build_engine(registry=registry(), fault="no_such_fault")
 
 
-def test_fault_patches_only_its_instance():
+def test_a_fault_is_built_in_as_a_subclass_overriding_its_one_method():
+    """Construction, not patching: the faulted engine's component is the fault's subclass, overriding
+    the named method, and no instance carries a method of its own; an engine without it is untouched."""
     a = ref.ReferenceAdapter(fault="salt_ignored")
     b = ref.ReferenceAdapter()
-    assert "identity_fields" in vars(a.engine.cache) and "identity_fields" not in vars(b.engine.cache)
+    assert type(a.engine.cache) is FAULTS["salt_ignored"].cls and type(b.engine.cache) is PrefixCache
+    assert "identity_fields" not in vars(a.engine.cache)
+    for f in FAULTS.values():
+        assert f.method in vars(f.cls) and issubclass(f.cls, COMPONENTS[f.target]), f.name
 
 
 def test_unfaulted_engine_passes_ci_profile(tmp_path):

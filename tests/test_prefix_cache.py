@@ -62,7 +62,7 @@ def test_registration_takes_full_committed_blocks_and_match_caps_at_lin_minus_on
     seq = _seq(range(10, 22), computed=10)  # 12 tokens, KV for 10: blocks 0 and 1 are full
     seq.block_table = [c.pool.allocate() for _ in range(3)]
     c.register(seq, BASE)
-    assert len(seq.block_keys) == 2 and len(c.table) == 2
+    assert len(seq.block_keys) == 2 and len(c.pool.table) == 2
     # same 8 tokens + 1: both blocks hit; exactly 8 tokens: only the first (the last token is computed)
     assert len(c.match(list(range(10, 18)) + [99], BASE)[0]) == 2
     assert len(c.match(list(range(10, 18)), BASE)[0]) == 1
