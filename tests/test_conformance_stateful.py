@@ -3,24 +3,15 @@ effect (`Capabilities.context_limits`), ids are never reused, and each session s
 defaults whatever an earlier user of the engine left configured."""
 
 from __future__ import annotations
-
-import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
-import adapters.reference as ref
 from adapters.reference import ReferenceAdapter
 from conformance.history import HistoryWriter
 from conformance.stateful import session_machine
-from tests.engine_helpers import registry
 
 FAST = settings(max_examples=6, stateful_step_count=6, deadline=None, database=None, derandomize=True,
                 phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-
-
-@pytest.fixture(autouse=True)
-def _shared_models(monkeypatch):
-    monkeypatch.setattr(ref, "_REGISTRY", registry())
 
 
 def submitted_ids(writer: HistoryWriter) -> list[str]:
