@@ -3,6 +3,7 @@ effect (`Capabilities.context_limits`), ids are never reused, and each session s
 defaults whatever an earlier user of the engine left configured."""
 
 from __future__ import annotations
+
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
