@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -113,7 +112,9 @@ def kvparity_outcome(request: pytest.FixtureRequest, kvparity_options: dict[str,
                      tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One Hypothesis-driven run of the whole suite, shared by the per-check tests (and, under xdist,
     by every worker of the session: see the module docstring)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    # An xdist worker is known by its `workerinput`, not by PYTEST_XDIST_WORKER: that variable is
+    # inherited by any pytest a worker starts, which is not a worker of this session.
+    if not hasattr(request.config, "workerinput"):
         return run_stream(request, kvparity_options)
     shared = shared_outcome_file(request.config, tmp_path_factory)
     with exclusive_lock(shared.with_name(shared.name + ".lock")):
@@ -138,15 +139,18 @@ def run_stream(request: pytest.FixtureRequest, o: dict[str, Any]) -> Any:
 
     engine = request.getfixturevalue("kvparity_engine")
     default_capabilities(engine, o["timeout_s"])
-    return run_suite(engine, engine_name=o["name"], engine_args=o["args"], profile=o["profile"],
-                     checks=o["checks"], report_dir=o["report_dir"], seed=o["seed"],
-                     max_examples=o["max_examples"], timeout_s=o["timeout_s"])
+    outcome = run_suite(engine, engine_name=o["name"], engine_args=o["args"], profile=o["profile"],
+                        checks=o["checks"], report_dir=o["report_dir"], seed=o["seed"],
+                        max_examples=o["max_examples"], timeout_s=o["timeout_s"])
+    if outcome.interrupted:  # run_suite kept the history and wrote the report; the session ends here
+        pytest.exit(f"kvparity run interrupted; report {outcome.run_dir}", returncode=130)
+    return outcome
 
 
 def shared_outcome_file(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A path every xdist worker of this session agrees on and no other session uses: the session's
     base temporary directory (each worker's is a child of it), named by the test run's id."""
-    uid = getattr(config, "workerinput", {}).get("testrunuid", "session")
+    uid = config.workerinput["testrunuid"]  # type: ignore[attr-defined]
     return tmp_path_factory.getbasetemp().parent / f"kvparity-outcome-{uid}.json"
 
 
