@@ -362,8 +362,11 @@ class HistoryBuilder:
     `batch` event itself, and are read the same way). Events before any `example` event form example 0.
     """
 
-    def __init__(self) -> None:
-        self.history = History()
+    def __init__(self, capabilities: Capabilities | None = None,
+                 baselines: dict[str, Baseline] | None = None) -> None:
+        """`capabilities` and `baselines` for a history whose events do not carry them (a state-machine
+        session: one run_start for many sessions, and baselines memoized across them)."""
+        self.history = History(capabilities=capabilities, baselines={} if baselines is None else baselines)
         self._current: Example | None = None
         self._epoch = self._segment = 0
         self._config: Mapping[str, Any] = {}

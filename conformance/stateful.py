@@ -1,10 +1,11 @@
 """A Hypothesis `RuleBasedStateMachine` over one engine session, with the checks as invariants.
 
 Where `strategies.scenarios` draws a whole stream up front, the state machine lets Hypothesis steer a
-live session: submit requests, continue a conversation (a `Bundle` of earlier turns, whose outputs the
-engine just produced), resend in another grouping, switch identity (poisoning: the new identity sends
-a prefix another one warmed), flush, reconfigure. After every rule the session's history so far is
-checked; a failure shrinks to a short program Hypothesis prints as replayable Python.
+live session, one step at a time: each rule is one of the step kinds of `strategies.STEP_KINDS` (a fresh
+batch, a resend, a conversation turn, a stop that surely fires, poisoning by another identity, a shifted
+prefix, a flood, a flush and resend, a reconfiguration, a reset), drawn by the same builder over the
+same `Stream` as `scenarios`, under the same precondition. After every rule the session's history so
+far is checked; a failure shrinks to a short program Hypothesis prints as replayable Python.
 
 Abort is not part of the Engine contract (requests run to completion within `run`), so there is no
 abort rule; an engine whose results say `finish_reason="abort"` is still handled by every check.
@@ -16,15 +17,14 @@ import itertools
 from typing import Any, Sequence
 
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from conformance.analysis import example_failures, select_checks
-from conformance.contract import Capabilities, Engine, Request
-from conformance.history import HistoryWriter, parse
+from conformance.analysis import example_verdicts, failures_of, select_checks
+from conformance.contract import Capabilities, Engine
+from conformance.history import HistoryBuilder, HistoryWriter
 from conformance.oracle import Oracle
 from conformance.runner import ConformanceFailure, ScenarioRunner
-from conformance.strategies import (Batch, Configure, Continuation, Reset, all_identities, configs,
-                                    max_prompt_len, max_tokens, prompt_lengths, renamed, stop_ids, token_lists)
+from conformance.strategies import STEP_KINDS, Configure, Stream, draw_step
 
 
 def default_capabilities(engine: Engine, timeout_s: float = 300.0) -> Capabilities:
@@ -53,102 +53,83 @@ def session_machine(engine: Engine, checks: Sequence[str] | None = None, writer:
     names = select_checks(checks)
     writer = writer or HistoryWriter(None)
     oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
-    identities = all_identities(caps)
     sessions = itertools.count()
     # The configuration the engine is in now, shared by every session (None: unknown, after a failed
     # configure), so a session that starts where the last one left off skips a needless restart.
     engine_config: dict[str, Any] = {"current": {}}
 
     class EngineSession(RuleBasedStateMachine):
-        turns = Bundle("turns")
-
         def __init__(self) -> None:
             super().__init__()
             self.runner = ScenarioRunner(engine, writer, oracle, caps, timeout_s)
-            self.start = len(writer.events)
+            # This session's History, complete as it grows: the run's claims, the baselines memoized
+            # across sessions, and the events written from here on.
+            self.builder = HistoryBuilder(caps, oracle.cache)
+            writer.sink = self.builder.feed
             self.session = next(sessions)
             self.runner.begin(self.session)
             self.config: dict[str, Any] = {}
-            if caps.config_space and engine_config["current"] != self.config:
-                self._configure(self.config)
-            self.identity = identities[0]
-            self.items: dict[str, Any] = {}
-            self.ids = itertools.count()
+            if caps.config_space and engine_config["current"] != {}:
+                self._configure({})
+            self.stream: Stream | None = None
 
-        @property
-        def top(self) -> int:
-            """The longest prompt that leaves room for any max_tokens under the current configuration."""
-            return max_prompt_len(caps, self.config)
+        @initialize(data=st.data())
+        def start(self, data: st.DataObject) -> None:
+            """The session's stream: its shared roots are drawn here. Ids are unique in the whole run, not
+            only in this session: ids drawn for a batch the engine refused are never reused."""
+            self.stream = Stream(data.draw, caps, max_batch=3, id_prefix=f"s{self.session}-")
+            self.stream.assume(self.config)
 
-        def _new_id(self) -> str:
-            """Unique in the whole run, not only in this session: ids drawn for a batch the engine refused
-            are never reused, and an engine that kept a refused batch's requests live (a non-atomic
-            submission) is not then also blamed for a duplicate id in the next session."""
-            return f"s{self.session}-{next(self.ids)}"
+        def reconfigure(self, config: dict[str, Any]) -> None:
+            """Put the session in `config` (a subclass's own `@initialize` may, e.g. to start in a small
+            pool); what is drawn from then on fits it."""
+            self.config = dict(config)
+            self._configure(self.config)
+            if self.stream is not None:
+                self.stream.assume(self.config)
 
         def _configure(self, config: dict[str, Any]) -> None:
             engine_config["current"] = None
             self.runner.step(Configure(config))
             engine_config["current"] = dict(config)
 
-        def _batch(self, items: Sequence[Any]) -> list[str]:
-            self.runner.step(Batch(items))
-            for item in items:
-                self.items[item.id] = item
-            return [item.id for item in items]
-
-        @rule(target=turns, data=st.data(), n=st.integers(1, 3))
-        def submit(self, data: st.DataObject, n: int):
-            """Fresh requests under the current identity."""
-            items = []
-            for _ in range(n):
-                prompt = data.draw(prompt_lengths(caps, self.top).flatmap(lambda k: token_lists(caps, k)))
-                items.append(Request(self._new_id(), prompt, data.draw(max_tokens(caps)),
-                                     data.draw(stop_ids(caps)), self.identity))
-            return multiple(*self._batch(items))
-
-        @rule(target=turns, parent=turns, data=st.data())
-        def continue_conversation(self, parent: str, data: st.DataObject):
-            """Next turn: the parent's prompt + its output + new tokens, under the parent's identity, cut to
-            what the current configuration holds."""
-            extra = data.draw(st.integers(1, caps.block_size + 1).flatmap(lambda k: token_lists(caps, k)))
-            src = self.items[parent]
-            turn = Continuation(self._new_id(), parent, extra, data.draw(max_tokens(caps)), (),
-                                src.identity, self.top)
-            return multiple(*self._batch([turn]))
-
-        @rule(target=turns, picked=st.lists(turns, min_size=1, max_size=3, unique=True))
-        def resend(self, picked: list[str]):
-            """The same requests again, under the *current* identity, in the drawn order, cut to what the
-            current configuration holds (they may have been sent under a larger one)."""
-            from attrs import evolve
-
-            items = [evolve(renamed(self.items[p], self._new_id(), self.top), identity=self.identity)
-                     for p in picked]
-            return multiple(*self._batch(items))
-
-        @precondition(lambda self: len(identities) > 1)
-        @rule(index=st.integers(0, 64))
-        def switch_identity(self, index: int) -> None:
-            self.identity = identities[index % len(identities)]
-
-        @rule()
-        def flush(self) -> None:
-            self.runner.step(Reset())
-
-        @precondition(lambda self: bool(caps.config_space))
-        @rule(config=configs(caps))
-        def configure(self, config: dict) -> None:
-            self.config = dict(config)
-            self._configure(self.config)
+        def step(self, kind: str, data: st.DataObject) -> None:
+            """Draw one step of `kind` onto the stream and run what it appended (a Configure, a Reset, a
+            Batch) on the engine, in order."""
+            s = self.stream
+            assert s is not None
+            s.draw = data.draw
+            mark = len(s.steps)
+            draw_step(s, kind)
+            for step in s.steps[mark:]:
+                if isinstance(step, Configure):
+                    self.config = dict(step.config)
+                    self._configure(self.config)
+                else:
+                    self.runner.step(step)
 
         @invariant()
         def checks_hold(self) -> None:
-            h = parse(writer.events[self.start:])
-            h.capabilities, h.baselines = caps, oracle.cache
-            failures = example_failures(h, names)
-            if failures:
-                raise ConformanceFailure(failures)
+            history = self.builder.history
+            if history.examples:
+                failures = failures_of(example_verdicts(history, history.examples[-1], names))
+                if failures:
+                    raise ConformanceFailure(failures)
 
+    for kind in STEP_KINDS.values():
+        setattr(EngineSession, kind.name, _kind_rule(kind.name))
     EngineSession.__name__ = EngineSession.__qualname__ = f"EngineSession_{caps.name.replace('-', '_')}"
     return EngineSession
+
+
+def _kind_rule(name: str):
+    """The rule for one step kind, under that kind's precondition."""
+
+    @precondition(lambda self: self.stream is not None and STEP_KINDS[name].applies(self.stream))
+    @rule(data=st.data())
+    def kind_rule(self, data: st.DataObject) -> None:
+        self.step(name, data)
+
+    kind_rule.__name__ = name
+    kind_rule.__doc__ = f"A `{name}` step (strategies.STEP_KINDS)."
+    return kind_rule

@@ -203,8 +203,8 @@ class Stream:
     so the two draw the same kinds of step the same way. `draw` is Hypothesis' draw function of the
     moment (a composite's `draw`, or `data.draw` inside a rule)."""
 
-    def __init__(self, draw: st.DrawFn, caps: Capabilities, max_batch: int = 4) -> None:
-        self.draw, self.caps, self.max_batch = draw, caps, max_batch
+    def __init__(self, draw: st.DrawFn, caps: Capabilities, max_batch: int = 4, id_prefix: str = "r") -> None:
+        self.draw, self.caps, self.max_batch, self.id_prefix = draw, caps, max_batch, id_prefix
         self.top = max_prompt_len(caps)
         self.roots = draw(st.lists(prompt_lengths(caps).flatmap(lambda n: token_lists(caps, n)),
                                    min_size=1, max_size=3))
@@ -218,7 +218,7 @@ class Stream:
         self.spec = spec_knobs(caps)
 
     def next_id(self) -> str:
-        return f"r{next(self._ids)}"
+        return f"{self.id_prefix}{next(self._ids)}"
 
     def requests_in_pool(self) -> list[Request]:
         return [p for p in self.pool if isinstance(p, Request)]
@@ -232,8 +232,12 @@ class Stream:
         return Request(self.next_id(), prompt, draw(max_tokens(caps)), draw(stop_ids(caps)), draw(self.ident))
 
     def configure(self, config: Mapping[str, Any] | None = None) -> None:
-        self.current = dict(self.draw(configs(self.caps)) if config is None else config)
+        self.assume(self.draw(configs(self.caps)) if config is None else config)
         self.steps.append(Configure(self.current))
+
+    def assume(self, config: Mapping[str, Any]) -> None:
+        """Draw from here on for `config` (the block size and longest prompt it allows)."""
+        self.current = dict(config)
         self.bs = int(self.current.get("block_size", self.caps.block_size))
         self.top = max_prompt_len(self.caps, self.current)
 

@@ -29,7 +29,7 @@ def test_requests_fit_a_small_pool_and_ids_are_never_reused():
     class SmallPool(machine):  # type: ignore[misc, valid-type]
         @initialize()
         def small_pool(self) -> None:
-            self.configure({"pool_tokens": 64, "block_size": 16})
+            self.reconfigure({"pool_tokens": 64, "block_size": 16})
 
     run_state_machine_as_test(SmallPool, settings=FAST)
     ids = submitted_ids(writer)
