@@ -63,6 +63,16 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 KNOB_ROLES = {"spec": "speculation", "k": "speculation", "max_num_batched_tokens": "schedule",
               "prefix_caching": "cache"}
 LORA_IDS = {"upper": 1, "rot13": 2}
+
+
+def speculative_config(spec: str, k: int, draft_folder: str) -> dict[str, Any] | None:
+    """vLLM's `speculative_config` for `spec=none|ngram|draft` — the one builder the offline adapter, the
+    OpenAI server launcher and the probes share (so they test the same speculation)."""
+    if spec == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    if spec == "draft":
+        return {"method": "draft_model", "num_speculative_tokens": k, "model": draft_folder}
+    return None
 VOCAB, MAX_CONTEXT, EOS = 1024, 1024, 2
 
 
@@ -300,12 +310,9 @@ class VllmAdapter:
         if c["max_num_batched_tokens"] is not None:
             kwargs["max_num_batched_tokens"] = c["max_num_batched_tokens"]
             kwargs["enable_chunked_prefill"] = True
-        if c["spec"] == "ngram":
-            kwargs["speculative_config"] = {"method": "ngram", "num_speculative_tokens": c["k"],
-                                            "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-        elif c["spec"] == "draft":
-            kwargs["speculative_config"] = {"method": "draft_model", "num_speculative_tokens": c["k"],
-                                            "model": str(self._ckpt.CHECKPOINTS / self._ckpt.DRAFT)}
+        spec = speculative_config(c["spec"], c["k"], str(self._ckpt.CHECKPOINTS / self._ckpt.DRAFT))
+        if spec is not None:
+            kwargs["speculative_config"] = spec
         if self.lora:
             kwargs.update(enable_lora=True, max_lora_rank=8, max_loras=len(LORA_IDS))
         try:

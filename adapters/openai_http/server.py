@@ -22,6 +22,7 @@ import weakref
 from typing import Mapping, Sequence
 
 from adapters.openai_http.transport import Http, last_line
+from adapters.vllm import speculative_config  # importing the adapter module does not import vLLM
 from conformance.contract import EngineError
 
 
@@ -39,12 +40,9 @@ def vllm_command(*, folder: str, port: int, block_size: int, max_context: int, l
                 *[f"{name}={path}" for name, path in loras.items()]]
     if budget is not None:
         cmd += ["--max-num-batched-tokens", str(budget), "--enable-chunked-prefill"]
-    if spec == "ngram":
-        cmd += ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": k,
-                                                    "prompt_lookup_max": 4, "prompt_lookup_min": 2})]
-    elif spec == "draft":
-        cmd += ["--speculative-config", json.dumps({"method": "draft_model", "num_speculative_tokens": k,
-                                                    "model": draft_folder})]
+    speculation = speculative_config(spec, k, draft_folder)
+    if speculation is not None:
+        cmd += ["--speculative-config", json.dumps(speculation)]
     return cmd
 
 

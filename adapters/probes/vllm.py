@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from adapters.reference_oracle import ReferenceOracle
-from adapters.vllm import EOS, LORA_IDS, prepare_environment, top2_from_logprobs
+from adapters.vllm import EOS, LORA_IDS, prepare_environment, speculative_config, top2_from_logprobs
 from conformance.contract import Baseline, Identity, Request
 
 TAU = 1e-3
@@ -277,12 +277,11 @@ def probe_features(n: int = 40, max_tokens: int = 24) -> bool:
     configs = {
         "prefix_cache": {},
         "chunked_prefill_32": {"max_num_batched_tokens": 32, "enable_chunked_prefill": True},
-        "ngram_k3": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
-                                            "prompt_lookup_max": 4, "prompt_lookup_min": 2}},
+        "ngram_k3": {"speculative_config": speculative_config("ngram", 3, "")},
     }
     if (checkpoints.CHECKPOINTS / checkpoints.DRAFT / "model.safetensors").exists():
-        configs["draft_k3"] = {"speculative_config": {"method": "draft_model", "num_speculative_tokens": 3,
-                                                      "model": str(checkpoints.CHECKPOINTS / checkpoints.DRAFT)}}
+        configs["draft_k3"] = {"speculative_config": speculative_config(
+            "draft", 3, str(checkpoints.CHECKPOINTS / checkpoints.DRAFT))}
     summary, ok = {}, True
     for name, kw in configs.items():
         try:
