@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,8 +42,10 @@ def failure_lines(output: str) -> list[str]:
     return lines or output.strip().splitlines()[-3:]
 
 
-def one_run(index: int, profile: str, seeds: bool, extra: list[str], timeout_s: float) -> tuple[int, str, float]:
-    """(pytest exit code, its output, seconds) of run `index`, in a temporary directory of its own."""
+def one_run(index: int, profile: str, seeds: bool, extra: list[str], timeout_s: float,
+            keep: Path | None = None) -> tuple[int, str, float]:
+    """(pytest exit code, its output, seconds) of run `index`, in a temporary directory of its own; a
+    failed run's report directories are copied to `keep`/run-<index + 1> first (the history says why)."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix=f"kvparity-steadiness-{index}-") as cwd:
@@ -50,6 +53,8 @@ def one_run(index: int, profile: str, seeds: bool, extra: list[str], timeout_s: 
         try:
             done = subprocess.run(pytest_command(profile, index if seeds else None, extra) + ["--rootdir", cwd],
                                   cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+            if done.returncode != 0 and keep is not None and (Path(cwd) / ".kvparity").is_dir():
+                shutil.copytree(Path(cwd) / ".kvparity", keep / f"run-{index + 1}", dirs_exist_ok=True)
             return done.returncode, done.stdout + done.stderr, time.monotonic() - started
         except subprocess.TimeoutExpired as exc:
             out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
@@ -63,12 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", action="store_true", help="pass --kvparity-seed i to run i")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it counts as failed")
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
-                        help="write each failed run's whole output to DIR/run-<i>.txt")
+                        help="keep each failed run's output (DIR/run-<i>.txt) and report dir (DIR/run-<i>/)")
     parser.add_argument("extra", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
     passed, failed = 0, []
     for i in range(args.runs):
-        code, output, seconds = one_run(i, args.profile, args.seeds, args.extra, args.timeout)
+        code, output, seconds = one_run(i, args.profile, args.seeds, args.extra, args.timeout, args.keep)
         status = "passed" if code == 0 else f"FAILED (exit {code})"
         print(f"run {i + 1}/{args.runs}: {status} in {seconds:.1f}s", flush=True)
         if code == 0:
