@@ -407,6 +407,10 @@ def _poison_tail(s: Stream) -> None:
     s.add_batch(_poison(s))
 
 
+def _flush_tail(s: Stream) -> None:
+    s.add_batch(_flush_resend(s))
+
+
 def _pressure_tail(s: Stream) -> None:
     # A flood in the smallest pool the engine declares: in a large pool a flood evicts nothing, and
     # eviction and reuse of evicted blocks are where refcount bugs show (BUG_CLASSES D).
@@ -425,6 +429,10 @@ TAILS = (
     StepKind("respec", _respec_tail, lambda s: bool(s.spec and s.pool)),
     StepKind("poison", _poison_tail, STEP_KINDS["poison"].applies),
     StepKind("pressure", _pressure_tail, lambda s: s.caps.evicts),
+    # Earlier traffic again after a flush: a count (or KV) that outlives the flush shows here
+    # (lmdeploy 4917) — the fault zoo's `cached_count_stale` went uncaught without it once the tails
+    # above took their share of the scenario.
+    StepKind("flush_resend", _flush_tail, lambda s: bool(s.pool)),
 )
 
 
