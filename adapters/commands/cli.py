@@ -4,7 +4,6 @@ line on stderr and exit 3, found before any engine is built; `--help` shows ever
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -35,24 +34,6 @@ class UsageParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
-
-
-def positive(cast: Callable[[str], float]) -> Callable[[str], Any]:
-    """An argparse type: a finite number > 0 of type `cast`. Zero, negatives, nan and inf are usage
-    errors here rather than a hang, a crash or a silently empty run later."""
-    kind = "an integer" if cast is int else "a number"
-
-    def parse(text: str) -> Any:
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be {kind} > 0")
-        return value
-
-    parse.__name__ = f"positive {cast.__name__}"
-    return parse
 
 
 def _check_creatable(path: Path) -> None:

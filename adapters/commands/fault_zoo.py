@@ -30,7 +30,8 @@ from typing import Sequence
 
 from attrs import define, frozen
 
-from adapters.commands.cli import UsageParser, output_dir, output_file, positive, run_command
+from adapters.commands.cli import UsageParser, output_dir, output_file, run_command
+from conformance.cli import positive_int, positive_seconds
 from conformance.analysis import example_failures, select_checks
 from conformance.contract import UsageError
 from conformance.history import load
@@ -328,12 +329,12 @@ def build_parser() -> UsageParser:
     p.add_argument("--out", default=str(DEFAULT_OUT),
                    help="the Markdown report; witnesses go to the folder of the same name beside it")
     p.add_argument("--profile", choices=tuple(PROFILES), default="ci", help="suite profile every run uses")
-    p.add_argument("--max-examples", type=positive(int), default=None,
+    p.add_argument("--max-examples", type=positive_int, default=None,
                    help=f"examples per run, overriding the profile's (default: the profile's: {caps})")
     p.add_argument("--report-dir", default=None,
                    help="keep each run's suite report under this folder (default: a temporary folder, discarded)")
     shrinking = p.add_mutually_exclusive_group()
-    shrinking.add_argument("--shrink-seconds", type=positive(float), default=DEFAULT_SHRINK_SECONDS,
+    shrinking.add_argument("--shrink-seconds", type=positive_seconds, default=DEFAULT_SHRINK_SECONDS,
                            help="shrinking budget per fault, seconds (bounded; Hypothesis' own default is 300 s)")
     shrinking.add_argument("--no-shrink", action="store_true",
                            help="stop at the first failure (its example is the witness): catch and check only")

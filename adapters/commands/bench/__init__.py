@@ -23,7 +23,8 @@ from typing import Sequence
 
 from adapters.commands.bench import collect_transformers, report
 from adapters.commands.bench.collect import SIZES, collect_reference
-from adapters.commands.cli import UsageParser, output_dir, positive, run_command
+from adapters.commands.cli import UsageParser, output_dir, run_command
+from conformance.cli import positive_int
 from conformance.contract import UsageError
 
 DEFAULT_OUT = Path(".kvparity") / "economics"  # untracked (.gitignore); reports/economics is `make reports-economics`
@@ -36,7 +37,7 @@ def build_parser() -> UsageParser:
                     help="engine to measure")
     ap.add_argument("--size", choices=tuple(SIZES), default="ci", help="workload size")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="report folder (report.md, report.html, plots)")
-    ap.add_argument("--k", type=positive(int), default=4, help="draft length (tokens proposed per verification)")
+    ap.add_argument("--k", type=positive_int, default=4, help="draft length (tokens proposed per verification)")
     return ap
 
 
