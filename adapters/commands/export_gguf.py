@@ -134,15 +134,19 @@ def _out_path(out_dir: pathlib.Path, name: str, digest: str) -> pathlib.Path:
     return out_dir / f"{name}-{digest[:12]}-f32.gguf"
 
 
+def _target(src: pathlib.Path, weights: pathlib.Path, out_dir: pathlib.Path | None) -> tuple[str, pathlib.Path]:
+    """(weights digest, the GGUF path an export of exactly these weights gets): the cache key of an export."""
+    digest = _sha256(weights)
+    return digest, _out_path(pathlib.Path(out_dir) if out_dir else default_out_dir(), src.name, digest)
+
+
 def export_model(src: pathlib.Path, out_dir: pathlib.Path | None = None, *, force: bool = False) -> pathlib.Path:
     """One HF Llama checkpoint folder (config.json, model.safetensors, tokenizer.json) -> f32 GGUF."""
     import gguf
 
     src = pathlib.Path(src)
-    out_dir = pathlib.Path(out_dir) if out_dir else default_out_dir()
     weights = src / "model.safetensors"
-    digest = _sha256(weights)
-    out = _out_path(out_dir, src.name, digest)
+    digest, out = _target(src, weights, out_dir)
     if out.exists() and not force:
         return out
     config = json.loads((src / "config.json").read_text())
@@ -155,7 +159,7 @@ def export_model(src: pathlib.Path, out_dir: pathlib.Path | None = None, *, forc
     if "lm_head.weight" not in state or config.get("tie_word_embeddings"):
         state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     writer = gguf.GGUFWriter(str(tmp), "llama")
     writer.add_name(src.name)
@@ -200,10 +204,8 @@ def export_lora(src: pathlib.Path, base: pathlib.Path | None = None, out_dir: pa
     import gguf
 
     src = pathlib.Path(src)
-    out_dir = pathlib.Path(out_dir) if out_dir else default_out_dir()
     weights = src / "adapter_model.safetensors"
-    digest = _sha256(weights)
-    out = _out_path(out_dir, src.name, digest)
+    digest, out = _target(src, weights, out_dir)
     if out.exists() and not force:
         return out
     cfg = json.loads((src / "adapter_config.json").read_text())
@@ -215,7 +217,7 @@ def export_lora(src: pathlib.Path, base: pathlib.Path | None = None, out_dir: pa
     state = _load_safetensors(weights)
     prefix = "base_model.model."
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     writer = gguf.GGUFWriter(str(tmp), "llama")
     writer.add_type(gguf.GGUFType.ADAPTER)
