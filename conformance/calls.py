@@ -57,10 +57,19 @@ class EngineCalls:
         threading.Thread(target=self._loop, args=(jobs,), name="kvparity-engine-call", daemon=True).start()
         return jobs
 
+    def close(self) -> None:
+        """Let the worker thread end (it is idle between calls; an abandoned one is left as it is)."""
+        if self._jobs is not None:
+            self._jobs.put(None)
+            self._jobs = None
+
     @staticmethod
     def _loop(jobs: queue.Queue) -> None:
         while True:
-            fn, box, done = jobs.get()
+            job = jobs.get()
+            if job is None:
+                return
+            fn, box, done = job
             started = time.perf_counter()
             try:
                 box["value"] = fn()

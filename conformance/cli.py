@@ -294,6 +294,7 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
         if session is not None:
             session.hard_exit = calls.abandoned
         if not calls.abandoned:
+            calls.close()
             close_engine(instance, timeout_s)
     if check == "error":
         return ("FAILED", 1, f"the engine still fails: {crashed}") if crashed else ("FIXED", 0, "the engine runs this case")

@@ -400,6 +400,7 @@ class HistoryBuilder:
             self._example().step_list.append({"step": "configure", "config": ev.get("config", {})})
             self._config = dict(ev.get("config") or {})
             self._segment += 1
+            self._evictions = None  # configure may restart the engine, and its eviction counter with it
         elif kind == "reset":
             self._example().step_list.append({"step": "reset"})
             self._epoch += 1

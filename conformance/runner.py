@@ -167,10 +167,15 @@ def replay(engine: Engine, caps: Capabilities, steps: Sequence[Step], check: str
     writer.append("run_start", engine="replay", engine_args={}, capabilities=caps)
     oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
     crashed = None
+    own = calls is None
+    calls = calls or EngineCalls(timeout_s)
     try:
-        ScenarioRunner(engine, writer, oracle, caps, timeout_s, calls).run(list(steps), 0)
+        ScenarioRunner(engine, writer, oracle, caps, calls=calls).run(list(steps), 0)
     except EngineError as exc:
         crashed = str(exc)
+    finally:
+        if own:
+            calls.close()
     writer.append("run_end", examples=1)
     return analyse(parse(writer.events), [check]).checks[check], crashed
 
@@ -248,6 +253,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
 
     names = select_checks(checks)
     base_settings = profile_settings(profile)
+    own_calls = calls is None
     calls = calls or EngineCalls(timeout_s)
     started = time.monotonic()
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(report_dir, engine_name)
@@ -314,6 +320,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         _record_quietly(writer, "error", cause=str(exc))  # in memory: the file cannot take it
     finally:
         writer.close()
+        if own_calls:
+            calls.close()
     history = builder.history
     if writer.write_error and writer.write_error not in history.errors:
         history.errors.append(writer.write_error)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from conformance.analysis import example_verdicts, failures_of, select_checks
+from conformance.calls import EngineCalls
 from conformance.contract import Capabilities, Engine
 from conformance.history import HistoryBuilder, HistoryWriter
 from conformance.oracle import Oracle
@@ -36,7 +37,11 @@ def default_capabilities(engine: Engine, timeout_s: float = 300.0) -> Capabiliti
     caps = engine.capabilities()
     if not caps.config_space:
         return caps
-    ScenarioRunner(engine, HistoryWriter(None), Oracle(engine.baseline), caps, timeout_s).step(Configure({}))
+    calls = EngineCalls(timeout_s)
+    try:
+        ScenarioRunner(engine, HistoryWriter(None), Oracle(engine.baseline), caps, calls=calls).step(Configure({}))
+    finally:
+        calls.close()
     return engine.capabilities()
 
 
@@ -54,6 +59,7 @@ def session_machine(engine: Engine, checks: Sequence[str] | None = None, writer:
     writer = writer or HistoryWriter(None)
     oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
     sessions = itertools.count()
+    calls = EngineCalls(timeout_s)  # one engine-call thread for every session of the machine
     # The configuration the engine is in now, shared by every session (None: unknown, after a failed
     # configure), so a session that starts where the last one left off skips a needless restart.
     engine_config: dict[str, Any] = {"current": {}}
@@ -61,7 +67,7 @@ def session_machine(engine: Engine, checks: Sequence[str] | None = None, writer:
     class EngineSession(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.runner = ScenarioRunner(engine, writer, oracle, caps, timeout_s)
+            self.runner = ScenarioRunner(engine, writer, oracle, caps, calls=calls)
             # This session's History, complete as it grows: the run's claims, the baselines memoized
             # across sessions, and the events written from here on.
             self.builder = HistoryBuilder(caps, oracle.cache)
