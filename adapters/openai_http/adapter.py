@@ -7,6 +7,11 @@ Attach to a running server (`base_url=http://127.0.0.1:8000`) or let the adapter
                     --enable-prompt-tokens-details, --enable-prefix-caching, float32, --enforce-eager,
                     LoRA modules `upper` / `rot13`, VLLM_SERVER_DEV_MODE=1 (for POST /reset_prefix_cache)
   serve=llama_cpp   `python -m llama_cpp.server --model <gguf=...>` (text prompts; no cached-token count)
+  serve=kvparity    `kvparity serve` (adapters/serve/): the reference engine, continuous batching, token ids,
+                    cached-token counts, LoRA names, POST /reset_prefix_cache; scope=user|tenant|global
+                    (which requests may share KV), fault=NAME (a zoo fault planted in the server's engine),
+                    knobs=chunk_size:5,pool_tokens:64 (reference-engine knobs); tolerance 0 (same float64
+                    weights as the oracle), logprobs off by default (the server recomputes them)
 
 Greedy means greedy. `temperature: 0` alone is not enough on every server: llama-cpp-python's server
 defaults `repeat_penalty` to 1.1 and applies its penalties sampler before the greedy one even at
@@ -50,9 +55,17 @@ Engine arguments (strings):
   reset=auto|endpoint|salt|none   how reset() flushes reusable KV: POST /reset_prefix_cache (vLLM dev mode),
                              or an epoch nonce mixed into every cache_salt (a fresh KV namespace), or nothing
   spec=none|ngram|draft, k=3, max_num_batched_tokens=none   serve=vllm only, as for the vllm adapter
-  block_size=32, timeout=120 (seconds per HTTP call), startup_timeout=600, tolerance=1e-3, gguf=, port=0
+  block_size=32, timeout=120 (seconds per HTTP call), startup_timeout=600, tolerance=auto (1e-3; 0 with
+                             serve=kvparity), gguf=, port=0
   extra_body=JSON            merged into every /v1/completions body (after the adapter's own fields)
-  logprobs=true|false        ask for logprobs=2: top-2 per step, and on servers that key logprobs by token
+  arrival=stagger|serial     how one batch is sent. stagger: request i leaves stagger_ms x i after the
+                             batch starts, all in flight together (overlap inside the server); serial: each
+                             request after the previous one's answer (no overlap). stagger_ms=10. The offsets
+                             are a function of the engine arguments alone, so a replay sends the same ones;
+                             each result records its intended offset (timings["sent_s"]), when it really left
+                             (timings["sent_actual_s"]), and the server's completion id (extra["server_id"]:
+                             `kvparity serve` numbers them in arrival order)
+  logprobs=auto|true|false   (auto: true, false with serve=kvparity) ask for logprobs=2: top-2 per step, and on servers that key logprobs by token
                              *text* (llama-cpp-python) the per-token pieces that give exact output ids
 
 Reported: `usage.prompt_tokens_details.cached_tokens` -> Result.cached_tokens (None where the server does
@@ -72,7 +85,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 from adapters.engine_args import bool_arg, num_arg
-from adapters.openai_http.server import ServerProcess, llama_cpp_command, vllm_command, vllm_env
+from adapters.openai_http.server import ServerProcess, kvparity_command, llama_cpp_command, vllm_command, vllm_env
 from adapters.openai_http.text import TOKEN_ID, TextChannel
 from adapters.openai_http.transport import Http, free_port, prometheus_totals
 from adapters.reference_oracle import ReferenceOracle
@@ -90,15 +103,24 @@ class OpenAIHttpAdapter:
                  salt: str = "auto", adapters: str = "auto", lora: str = "true", reset: str = "auto",
                  spec: str = "none", k: str | int = 3, max_num_batched_tokens: str = "none",
                  block_size: str | int = 32, timeout: str | float = 120, startup_timeout: str | float = 600,
-                 tolerance: str | float = DEFAULT_TOLERANCE, logprobs: str = "true", gguf: str = "",
-                 port: str | int = 0, revision: str = "a", name: str = "", extra_body: str = "") -> None:
+                 tolerance: str | float = "auto", logprobs: str = "auto", gguf: str = "",
+                 port: str | int = 0, revision: str = "a", name: str = "", extra_body: str = "",
+                 scope: str = "tenant", fault: str = "", knobs: str = "", arrival: str = "stagger",
+                 stagger_ms: str | float = 10) -> None:
         from reference_engine import checkpoints
 
         self._ckpt = checkpoints
         if bool(base_url) == bool(serve):
-            raise UsageError("give exactly one of base_url=URL (attach) or serve=vllm|llama_cpp (start a server)")
-        if serve not in ("", "vllm", "llama_cpp"):
-            raise UsageError(f"serve={serve!r}: choose vllm or llama_cpp")
+            raise UsageError("give exactly one of base_url=URL (attach) or serve=vllm|llama_cpp|kvparity (start a server)")
+        if serve not in ("", "vllm", "llama_cpp", "kvparity"):
+            raise UsageError(f"serve={serve!r}: choose vllm, llama_cpp or kvparity")
+        if arrival not in ("stagger", "serial"):
+            raise UsageError(f"arrival={arrival!r}: choose stagger or serial")
+        self.arrival, self.stagger_s = arrival, num_arg("stagger_ms", stagger_ms, float, 0) / 1000.0
+        if serve != "kvparity" and (fault or knobs or scope != "tenant"):
+            raise UsageError("scope=, fault= and knobs= only apply with serve=kvparity")
+        self.scope, self.fault = scope, fault or None
+        self.knobs = self._parse_knobs(knobs)
         if prompt_mode not in ("tokens", "text"):
             raise UsageError(f"prompt_mode={prompt_mode!r}: choose tokens or text")
         if spec not in ("none", "ngram", "draft"):
@@ -113,8 +135,12 @@ class OpenAIHttpAdapter:
         self.block_size = int(num_arg("block_size", block_size, int, 1))
         self.timeout = num_arg("timeout", timeout, float, 1)
         self.startup_timeout = num_arg("startup_timeout", startup_timeout, float, 1)
+        if str(tolerance) == "auto":  # kvparity serve computes on the oracle's own float64 weights: exact
+            tolerance = 0.0 if serve == "kvparity" else DEFAULT_TOLERANCE
+        if serve == "kvparity" and logprobs == "auto":  # its logprobs are a recompute (adapters/serve/app.py)
+            logprobs = "false"
         self.tolerance = num_arg("tolerance", tolerance)
-        self.want_logprobs = bool_arg("logprobs", logprobs)
+        self.want_logprobs = bool_arg("logprobs", "true" if logprobs == "auto" else logprobs)
         try:
             self.extra_body = json.loads(extra_body) if extra_body else {}
         except ValueError:
@@ -140,9 +166,9 @@ class OpenAIHttpAdapter:
         self.http = Http(base_url, self.timeout)
         try:
             self.model = model or ("kvparity" if serve else self._first_model())
-            self.salt = (serve == "vllm") if str(salt).lower() == "auto" else bool_arg("salt", salt)
+            self.salt = (serve in ("vllm", "kvparity")) if str(salt).lower() == "auto" else bool_arg("salt", salt)
             if str(adapters).lower() == "auto":
-                self.adapters = self.loras if self.lora else ()
+                self.adapters = self.loras if self.lora or serve == "kvparity" else ()
             else:
                 self.adapters = tuple(a.strip() for a in adapters.split(",") if a.strip())
             self.reset_mode = self._choose_reset(reset)
@@ -162,6 +188,10 @@ class OpenAIHttpAdapter:
                                budget=self.budget, spec=self.spec, k=self.k,
                                draft_folder=str(self._ckpt.CHECKPOINTS / self._ckpt.DRAFT))
             env, health = vllm_env(), "/health"
+        elif self.serve == "kvparity":
+            cmd = kvparity_command(port=port, block_size=self.block_size, scope=self.scope, fault=self.fault,
+                                   knobs=self.knobs)
+            env, health = None, "/health"
         else:
             if not self.gguf:
                 raise UsageError("serve=llama_cpp needs gguf=PATH (see `kvparity export-gguf`)")
@@ -183,10 +213,12 @@ class OpenAIHttpAdapter:
             raise EngineError(f"/v1/models lists no model: {str(data)[:80]}") from exc
 
     def _server_version(self) -> str:
-        if self.serve == "vllm" or not self.serve:
+        if self.serve in ("vllm", "kvparity") or not self.serve:
             try:
                 v = self.http.call("GET", "/version", timeout=5)
                 if isinstance(v, dict) and v.get("version"):
+                    if "cache_scope" in v:  # kvparity serve says what it runs
+                        return f"{v['version']} (cache scope {v['cache_scope']}, fault {v.get('fault')})"
                     return f"vllm {v['version']}" if self.serve == "vllm" else str(v["version"])
             except EngineError:
                 pass
@@ -204,7 +236,7 @@ class OpenAIHttpAdapter:
             raise UsageError(f"reset={reset!r}: choose auto, endpoint, salt or none")
         if reset != "auto":
             return reset
-        if self.serve == "vllm":
+        if self.serve in ("vllm", "kvparity"):
             return "endpoint"
         return "salt" if self.salt else "none"
 
@@ -265,16 +297,21 @@ class OpenAIHttpAdapter:
                 raise UsageError(f"request {q.id}: adapter {q.identity.adapter!r} not served")
         spec = self.spec != "none"
         before = self._spec_counters() if spec else None
-        # Arrival order: request i is sent ~10 ms after request i-1, all in flight together.
         box: list[Any] = [None] * len(requests)
-        threads = []
-        for i, q in enumerate(requests):
-            t = threading.Thread(target=self._one, args=(q, box, i), daemon=True)
-            t.start()
-            threads.append(t)
-            time.sleep(0.01)
-        for t in threads:
-            t.join(self.timeout + 5)
+        start = time.monotonic()
+        if self.arrival == "serial":  # each request after the previous one's answer: no overlap
+            for i, q in enumerate(requests):
+                self._one(q, box, i, start, 0.0)
+        else:  # request i leaves at start + i x stagger, all in flight together (arrival order = list order)
+            threads = []
+            for i, q in enumerate(requests):
+                offset = i * self.stagger_s
+                time.sleep(max(0.0, start + offset - time.monotonic()))
+                t = threading.Thread(target=self._one, args=(q, box, i, start, offset), daemon=True)
+                t.start()
+                threads.append(t)
+            for t in threads:
+                t.join(self.timeout + 5)
         results = []
         for q, item in zip(requests, box):
             if isinstance(item, BaseException):
@@ -329,11 +366,26 @@ class OpenAIHttpAdapter:
     def _sends_stop_ids(self) -> bool:
         return self.serve == "vllm" or self.prompt_mode == "tokens"
 
-    def _one(self, q: Request, box: list, i: int) -> None:
+    @staticmethod
+    def _parse_knobs(text: str) -> dict[str, str]:
+        """`chunk_size:5,pool_tokens:64` -> {"chunk_size": "5", "pool_tokens": "64"} (checked by the server)."""
+        out = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, value = part.partition(":")
+            if not sep or not key:
+                raise UsageError(f"knobs={text!r}: expected KNOB:VALUE,KNOB:VALUE")
+            out[key.strip()] = value.strip()
+        return out
+
+    def _one(self, q: Request, box: list, i: int, start: float, offset: float) -> None:
         try:
+            body = self._body(q.prompt, q.max_tokens, q.stop_ids, q.identity)
             t0 = time.monotonic()
-            data = self.http.call("POST", "/v1/completions", self._body(q.prompt, q.max_tokens, q.stop_ids, q.identity))
-            box[i] = self._result(q, data, time.monotonic() - t0)
+            data = self.http.call("POST", "/v1/completions", body)
+            r = self._result(q, data, time.monotonic() - t0)
+            extra = {**r.extra, "server_id": data.get("id")} if isinstance(data.get("id"), str) else r.extra
+            box[i] = attrs.evolve(r, timings={**r.timings, "sent_s": offset, "sent_actual_s": t0 - start},
+                                  extra=extra)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             box[i] = exc
 

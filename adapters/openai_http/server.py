@@ -60,6 +60,18 @@ def llama_cpp_command(*, gguf: str, port: int, max_context: int) -> list[str]:
             "--port", str(port), "--n_ctx", str(max_context), "--type_k", "0", "--type_v", "0"]
 
 
+def kvparity_command(*, port: int, block_size: int, scope: str, fault: str | None,
+                     knobs: Mapping[str, str]) -> list[str]:
+    """`kvparity serve` (adapters/serve/): the reference engine behind an OpenAI-compatible server."""
+    cmd = [sys.executable, "-m", "adapters.commands.serve", "--host", "127.0.0.1", "--port", str(port),
+           "--cache-scope", scope, "--engine-arg", f"block_size={block_size}"]
+    for knob, value in knobs.items():
+        cmd += ["--engine-arg", f"{knob}={value}"]
+    if fault:
+        cmd += ["--fault", fault]
+    return cmd
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM the server's process group, SIGKILL it if it has not gone within 30 s."""
     if proc.poll() is not None:
