@@ -1,4 +1,4 @@
-"""The shipped checkpoints and how to load them.
+"""The shipped checkpoints, and how to load them or any other Llama-family Hugging Face folder.
 
 Folders under `checkpoints/` use Hugging Face's layout, so every engine reads the same files:
   tiny-target-a/, tiny-target-b/   revisions "a" and "b" of the target (config.json, model.safetensors,
@@ -54,10 +54,42 @@ def adapter_digest(adapter: str) -> str:
     return file_digest(adapter_dir(adapter) / "adapter_model.safetensors")
 
 
+def read_config(folder: pathlib.Path) -> LlamaConfig:
+    """The model config of a Hugging Face folder (raises UnsupportedCheckpoint for other architectures)."""
+    path = pathlib.Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json: not a Hugging Face model folder")
+    return LlamaConfig.from_hf(json.loads(path.read_text()))
+
+
+def read_state_dict(folder: pathlib.Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a folder's safetensors weights: one model.safetensors or the shards an
+    index (model.safetensors.index.json) names."""
+    folder = pathlib.Path(folder)
+    if (folder / "model.safetensors").is_file():
+        return load_file(str(folder / "model.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        raise FileNotFoundError(f"{folder} has no model.safetensors (nor a sharded index); only safetensors are read")
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        state.update(load_file(str(folder / shard)))
+    return state
+
+
 def load_model_dir(folder: pathlib.Path, dtype: torch.dtype = torch.float64) -> Llama:
-    config = LlamaConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    """Any Llama-family Hugging Face folder (the shipped ones included) as a reference model in `dtype`.
+
+    A tied checkpoint stores the embedding once (no lm_head.weight): the model shares the matrix. Every
+    other tensor must be present and nothing may be left over (a rotary `inv_freq` buffer some exports
+    keep is recomputed, not read): a weight this model does not compute is a refusal, never ignored."""
+    config = read_config(folder)
     model = Llama(config)
-    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    state = {k: v for k, v in read_state_dict(folder).items() if not k.endswith("rotary_emb.inv_freq")}
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True)
     return model.to(dtype).eval()
 
 

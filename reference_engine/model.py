@@ -6,19 +6,34 @@ layer, stores the new keys/values and returns attention over everything the sequ
 KV of any token range can be computed given the KV of the tokens before it, which is exactly what a
 paged engine (reference_engine.engine) needs; `DenseKV` is the simplest store, used by the baseline.
 
-Weights and names follow Hugging Face's `LlamaForCausalLM` (rotate-half RoPE, untied lm_head), so
-transformers, vLLM and llama.cpp load the same checkpoint folder.
+Weights and names follow Hugging Face's `LlamaForCausalLM` (rotate-half RoPE), so transformers, vLLM and
+llama.cpp load the same checkpoint folder — and this model loads theirs: `LlamaConfig.from_hf` reads any
+Llama-family config.json (Llama, Mistral, Qwen2: GQA, RoPE theta with linear or llama3 scaling, tied or
+untied embeddings, q/k/v bias), so a user's checkpoint has an independent float64 ground truth.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Protocol
+import math
+from typing import Any, Mapping, Protocol
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+# The Llama family as Hugging Face configures it: which `model_type`s this module computes exactly, and
+# what differs between them (Qwen2 puts a bias on q/k/v only; Llama's `attention_bias` puts one on
+# q/k/v/o; Mistral has none).
+FAMILY = ("llama", "mistral", "qwen2")
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class UnsupportedCheckpoint(ValueError):
+    """A config.json this model cannot compute exactly (another architecture, an activation or a RoPE
+    variant it does not implement). Said before any weight is loaded, never approximated."""
 
 
 @attrs.frozen
@@ -36,9 +51,18 @@ class LlamaConfig:
     bos_token_id: int = 1
     eos_token_id: int = 2
     pad_token_id: int = 0
+    # The rest is what other Llama-family checkpoints set; the defaults are the shipped family's.
+    model_type: str = "llama"
+    qkv_bias: bool = False  # bias on q/k/v projections (Qwen2; Llama with attention_bias)
+    o_bias: bool = False  # bias on o_proj (Llama with attention_bias)
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    # RoPE scaling as ((key, value), ...) of HF's rope_parameters / rope_scaling minus rope_theta;
+    # () = plain RoPE. Hashable, so the inverse frequencies are computed once per config.
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
 
     def to_hf(self) -> dict:
-        """config.json as transformers' LlamaConfig expects it."""
+        """config.json as transformers' LlamaConfig expects it (the shipped family's fields)."""
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -63,9 +87,55 @@ class LlamaConfig:
         }
 
     @classmethod
-    def from_hf(cls, d: dict) -> "LlamaConfig":
-        names = {f.name for f in attrs.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+    def from_hf(cls, d: Mapping[str, Any]) -> "LlamaConfig":
+        """Any Llama-family config.json (transformers 4.x `rope_scaling` + `rope_theta`, or 5.x
+        `rope_parameters`). Sliding-window attention (Mistral; Qwen2 with use_sliding_window) equals
+        full attention while a sequence fits in the window, so the context is capped at the window
+        rather than masking: the paged engine and the baseline then need no second attention rule."""
+        model_type = str(d.get("model_type", "llama"))
+        if model_type not in FAMILY:
+            raise UnsupportedCheckpoint(f"model_type {model_type!r} is not in the Llama family this reference "
+                                        f"computes ({', '.join(FAMILY)})")
+        if d.get("hidden_act", "silu") != "silu":
+            raise UnsupportedCheckpoint(f"hidden_act {d.get('hidden_act')!r}: only silu (SwiGLU) is implemented")
+        rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+        theta = float(rope.pop("rope_theta", None) or d.get("rope_theta") or 10000.0)
+        rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise UnsupportedCheckpoint(f"rope_type {rope_type!r}: implemented are {', '.join(ROPE_TYPES)}")
+        if float(rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0) != 1.0:
+            raise UnsupportedCheckpoint("partial rotary embeddings are not implemented")
+        keys = {"linear": ("factor",),
+                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+        scaling = (("rope_type", rope_type),) + tuple((k, float(rope[k])) for k in keys.get(rope_type, ()))
+        heads = int(d["num_attention_heads"])
+        context = int(d.get("max_position_embeddings", 1024))
+        window = d.get("sliding_window")
+        if model_type == "qwen2":
+            sliding_layers = "sliding_attention" in (d.get("layer_types") or ())
+            window = window if (d.get("use_sliding_window") or sliding_layers) else None
+        if window:
+            context = min(context, int(window))
+        attention_bias = bool(d.get("attention_bias") or False)
+        eos = d.get("eos_token_id")
+        return cls(
+            vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]), num_hidden_layers=int(d["num_hidden_layers"]),
+            num_attention_heads=heads, num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
+            max_position_embeddings=context, rope_theta=theta, rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            bos_token_id=_first(d.get("bos_token_id")), eos_token_id=_first(eos), pad_token_id=_first(d.get("pad_token_id")),
+            model_type=model_type, qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=model_type == "llama" and attention_bias, mlp_bias=bool(d.get("mlp_bias") or False),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            rope_scaling=() if rope_type == "default" else scaling)
+
+
+def _first(token_id: Any) -> int | None:
+    """A special id as one int: HF allows a list (Llama 3's several eos ids); the first is the model's own."""
+    if isinstance(token_id, (list, tuple)):
+        return int(token_id[0]) if token_id else None
+    return None if token_id is None else int(token_id)
 
 
 class KVStore(Protocol):
@@ -140,15 +210,29 @@ class RMSNorm(nn.Module):
 
 
 @functools.lru_cache(maxsize=None)
-def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+def _inv_freq(head_dim: int, theta: float, scaling: tuple[tuple[str, Any], ...] = ()) -> torch.Tensor:
+    """RoPE inverse frequencies in float64, with HF's `linear` (every frequency / factor) or `llama3`
+    (long wavelengths / factor, short ones kept, a smooth blend between) scaling."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    s = dict(scaling)
+    kind = s.get("rope_type", "default")
+    if kind == "linear":
+        return inv / s["factor"]
+    if kind == "llama3":
+        factor, low, high, old = (s[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                  "original_max_position_embeddings"))
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * inv / factor + smooth * inv
+        return torch.where(wavelen > old / low, inv / factor, torch.where(wavelen < old / high, inv, blended))
+    return inv
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                dtype: torch.dtype, scaling: tuple[tuple[str, Any], ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, 1, D] of rotate-half RoPE (the HF Llama convention) at `positions`. Computed once
     per forward and shared by every layer's q and k."""
-    angles = positions.to(torch.float64)[:, None] * _inv_freq(head_dim, theta)[None, :]  # [T, D/2]
+    angles = positions.to(torch.float64)[:, None] * _inv_freq(head_dim, theta, scaling)[None, :]  # [T, D/2]
     cos, sin = angles.cos(), angles.sin()  # each frequency once; rotate-half uses it twice
     return torch.cat([cos, cos], dim=-1).to(dtype)[:, None, :], torch.cat([sin, sin], dim=-1).to(dtype)[:, None, :]
 
@@ -164,10 +248,10 @@ class Attention(nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
         self.c = c
-        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
 
     def qkv(self, x, cos, sin):
         c, t = self.c, x.shape[0]
@@ -180,9 +264,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -213,6 +297,8 @@ class Llama(nn.Module):
         self.config = config
         self.model = LlamaBody(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:  # one matrix, as HF ties them (the checkpoint stores it once)
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     @property
     def dtype(self) -> torch.dtype:
@@ -226,7 +312,7 @@ class Llama(nn.Module):
         engine samples at a sequence's last token (and its drafts), and the vocab projection of every
         other prefill token is wasted work (most of a prefill's cost in a small model)."""
         c = self.config
-        cos, sin = rope_angles(positions, c.head_dim, c.rope_theta, self.dtype)
+        cos, sin = rope_angles(positions, c.head_dim, c.rope_theta, self.dtype, c.rope_scaling)
         x = self.model.embed_tokens(ids)
         for i, layer in enumerate(self.model.layers):
             q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
@@ -241,7 +327,7 @@ class Llama(nn.Module):
         """ids: [B, S] -> logits [B, S, vocab], full causal attention (training only)."""
         c = self.config
         b, s = ids.shape
-        cos, sin = rope_angles(torch.arange(s).repeat(b), c.head_dim, c.rope_theta, self.dtype)
+        cos, sin = rope_angles(torch.arange(s).repeat(b), c.head_dim, c.rope_theta, self.dtype, c.rope_scaling)
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             h = layer.input_layernorm(x).reshape(b * s, -1)
