@@ -1,4 +1,6 @@
-"""kvparity adapter for Hugging Face transformers (CPU), driving the real library on the shipped checkpoints.
+"""kvparity adapter for Hugging Face transformers (CPU), driving the real library on the shipped checkpoints
+or on any local checkpoint folder (`model=PATH`; its vocabulary, special ids and context read from it by
+adapters.checkpoint_info; `draft=PATH` gives the assisted modes an assistant).
 
 Modes (engine argument `mode`; the config space is every mode, or the subset `modes=a,b`):
   generate        plain `generate`: the engine's own baseline
@@ -10,8 +12,13 @@ Modes (engine argument `mode`; the config space is every mode, or the subset `mo
 transformers reports neither prefix hits nor draft acceptance, so the adapter *observes* them by wrapping two
 library methods for the duration of a call: `PagedAttentionCache.search_prefix_match` (tokens served from
 shared blocks) and `AssistedCandidateGenerator.update_candidate_strategy` (matches per verification).
-Top-2 logits come from `output_logits`. Both sides compute in float64 by default (`dtype=float32` is
-available), so the tolerance tau is 0 unless float32 is chosen.
+Top-2 logits come from `output_logits`.
+
+Numerics: `dtype` float64 (default), float32, bfloat16 or float16. The oracle (`oracle=`) is `reference`
+(the reference engine's model code on the same checkpoint, in `oracle_dtype` float64 or float32: an
+independent ground truth) or `self` (this library's own plain `generate`, one request alone, in the
+engine's dtype: for models too big for the reference on a CPU). tau is 0 in float64; otherwise the
+declared value below, which `kvparity calibrate` measures and `kvparity run --calibration FILE` replaces.
 """
 
 from __future__ import annotations
@@ -22,34 +29,54 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from adapters import checkpoint_info
 from adapters.engine_args import choice_arg, int_arg, list_arg
-from adapters.reference_oracle import ReferenceOracle
+from adapters.reference_oracle import ORACLES, ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 from reference_engine import checkpoints
 
 MODES = ("generate", "assisted", "adversarial", "prompt_lookup", "batch")
-FLOAT32_TOLERANCE = 1e-4
-
+DRAFT_MODES = ("assisted", "adversarial")
+DTYPES = ("float64", "float32", "bfloat16", "float16")
+# Declared tau per engine dtype against the float64 reference: float32 from the vLLM/llama.cpp
+# measurements (max margin error ~1.5e-5); bfloat16/float16 are the calibrated values committed in
+# reports/calibration/ for the shipped family (`kvparity calibrate`); re-calibrate for another model.
+TOLERANCE = {"float64": 0.0, "float32": 1e-4, "bfloat16": 0.25, "float16": 0.05}
 
 
 class TransformersAdapter:
     """The Engine contract over `transformers.LlamaForCausalLM`."""
 
     def __init__(self, mode: str = "generate", k: str | int = 3, page_size: str | int = 16,
-                 num_blocks: str | int = 64, dtype: str = "float64", modes: str = ",".join(MODES)):
+                 num_blocks: str | int = 64, dtype: str = "float64", modes: str = "", model: str = "",
+                 draft: str = "", oracle: str = "reference", oracle_dtype: str = "float64"):
         try:
             import transformers
         except ImportError as e:  # pragma: no cover - exercised only without the extra
             raise UsageError("the transformers adapter needs `pip install kvparity[hf]`") from e
         self._tf = transformers
-        self.dtype = getattr(torch, choice_arg("dtype", dtype, ("float64", "float32")))
-        self.modes = tuple(list_arg(modes))
+        self.dtype_name = choice_arg("dtype", dtype, DTYPES)
+        self.dtype = getattr(torch, self.dtype_name)
+        # model=PATH: a user's checkpoint, one revision ("a"); else the shipped family (revisions a, b)
+        self.model_dir = str(checkpoint_info.read(model).folder) if model else ""
+        self.info = checkpoint_info.read(model) if model else checkpoint_info.shipped()
+        self.draft_dir = str(checkpoint_info.read(draft).folder) if draft else (
+            "" if model else str(checkpoints.CHECKPOINTS / checkpoints.DRAFT))
+        self.eos = self.info.eos_id
+        available = MODES if self.draft_dir else tuple(m for m in MODES if m not in DRAFT_MODES)
+        self.modes = tuple(list_arg(modes)) if modes else available
         if not self.modes or set(self.modes) - set(MODES):
             raise UsageError(f"engine argument modes={modes!r}: a comma-separated subset of {', '.join(MODES)}")
+        if set(self.modes) - set(available):
+            raise UsageError(f"modes {', '.join(sorted(set(self.modes) - set(available)))} need an assistant: "
+                             f"engine argument draft=PATH (a checkpoint with the same tokenizer)")
         self.defaults = {"mode": mode, "k": int_arg("k", k), "page_size": int_arg("page_size", page_size),
                          "num_blocks": int_arg("num_blocks", num_blocks, lo=4)}
+        self.oracle = choice_arg("oracle", oracle, ORACLES)
         self._models: dict[str, Any] = {}
-        self._oracle = ReferenceOracle()
+        self._oracle = ReferenceOracle(self.eos, self.model_dir or None, oracle_dtype)
+        if self.oracle == "reference":
+            self._oracle.check_loadable()
         self.configure({})
 
     # -- contract ---------------------------------------------------------------------------------
@@ -60,19 +87,20 @@ class TransformersAdapter:
         return Capabilities(
             name="transformers",
             version=self._tf.__version__,
-            vocab_size=1024,
-            max_context=1024,
-            eos_id=2,
+            vocab_size=self.info.vocab_size,
+            max_context=self.info.max_context,
+            eos_id=self.eos,
             block_size=self.config["page_size"],
             prefix_caching="batch" in self.modes,
             reports_cached_tokens="batch" in self.modes,
             speculation=bool({"assisted", "adversarial", "prompt_lookup"} & set(self.modes)),
             reports_drafts=bool({"assisted", "adversarial", "prompt_lookup"} & set(self.modes)),
             top2_logits=True,
-            identities=frozenset({"revision"}),
-            revisions=tuple(sorted(checkpoints.REVISIONS)),
+            identities=frozenset() if self.model_dir else frozenset({"revision"}),
+            revisions=("a",) if self.model_dir else tuple(sorted(checkpoints.REVISIONS)),
             baseline_mode=True,
-            tolerance=0.0 if self.dtype == torch.float64 else FLOAT32_TOLERANCE,
+            tolerance=TOLERANCE[self.dtype_name],
+            oracle=self._oracle.label if self.oracle == "reference" else f"self (generate, {self.dtype_name})",
             config_space={"mode": self.modes, "k": (1, 3, 5)},
             # `mode` switches the whole generation path (plain, assisted, lookup, continuous batching),
             # so a difference in it is judged as scheduling, as it was before roles were declared.
@@ -101,8 +129,42 @@ class TransformersAdapter:
         self._models.clear()
 
     def baseline(self, request: Request) -> Baseline:
-        """The reference model's plain greedy decoding in float64 on the same checkpoint."""
-        return self._oracle.baseline(request)
+        """Plain greedy decoding of `request`: the reference model's on the same checkpoint
+        (`oracle=reference`), or this library's own plain `generate`, alone, no cache, no assistant
+        (`oracle=self`), margins from its own logits."""
+        if self.oracle == "reference":
+            return self._oracle.baseline(request)
+        return self.plain([request])[0]
+
+    def plain(self, requests: Sequence[Request]) -> list[Baseline]:
+        """Plain `generate` of `requests` as ONE left-padded batch (one request: the engine's own plain
+        mode). `kvparity calibrate` runs the same request alone and in batches of others, at every
+        position, to measure how much batch composition alone moves this engine's logits."""
+        if len({r.stop_ids for r in requests}) != 1:
+            raise UsageError("plain(): the requests of one batch must share their stop ids")
+        prompts = [list(r.prompt) for r in requests]
+        width = max(len(p) for p in prompts)
+        pad = self.info.pad_id if self.info.pad_id is not None else (self.eos or 0)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        longest = max(r.max_tokens for r in requests)
+        with torch.no_grad():
+            out = self._model(requests[0].identity.revision).generate(
+                ids, attention_mask=mask, max_new_tokens=longest, do_sample=False,
+                eos_token_id=self._eos_ids(requests[0].stop_ids),
+                pad_token_id=pad, output_logits=True, return_dict_in_generate=True)
+        baselines = []
+        for row, r in enumerate(requests):
+            output, margins, runner_up = [], [], []
+            for step in range(min(r.max_tokens, len(out.logits))):
+                values, idx = out.logits[step][row].double().topk(2)
+                output.append(int(out.sequences[row, width + step]))
+                margins.append(float(values[0] - values[1]))
+                runner_up.append(int(idx[1]))
+                if self.eos is not None and output[-1] == self.eos or output[-1] in r.stop_ids:
+                    break
+            baselines.append(Baseline(output, _finish(output, r, self.eos), margins, runner_up))
+        return baselines
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         for r in requests:
@@ -121,20 +183,27 @@ class TransformersAdapter:
     def _model(self, revision: str):
         key = f"target-{revision}"
         if key not in self._models:
-            self._models[key] = self._tf.LlamaForCausalLM.from_pretrained(
-                checkpoints.revision_dir(revision), dtype=self.dtype).eval()
+            folder = self.model_dir or checkpoints.revision_dir(revision)
+            self._models[key] = self._tf.AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype).eval()
         return self._models[key]
+
+    def _eos_ids(self, stop_ids: Sequence[int]) -> list[int]:
+        """Generation stops at the suite's eos (one id) and the request's stop ids, nothing else: a
+        generation_config.json naming more eos ids does not apply (the oracle knows one)."""
+        return ([] if self.eos is None else [self.eos]) + list(stop_ids)
 
     def _assistant(self, adversarial: bool):
         key = "adversarial" if adversarial else "draft"
         if key not in self._models:
-            model = self._tf.LlamaForCausalLM.from_pretrained(
-                checkpoints.CHECKPOINTS / checkpoints.DRAFT, dtype=self.dtype).eval()
+            model = self._tf.AutoModelForCausalLM.from_pretrained(self.draft_dir, dtype=self.dtype).eval()
             if adversarial:  # propose the draft's least likely token: wrong at every position
                 with torch.no_grad():
                     model.lm_head.weight.neg_()
             self._models[key] = model
         return self._models[key]
+
+    def _pad(self) -> int:
+        return self.info.pad_id if self.info.pad_id is not None else (self.eos or 0)
 
     def _run_one(self, r: Request) -> Result:
         mode, k = self.config["mode"], self.config["k"]
@@ -150,7 +219,7 @@ class TransformersAdapter:
         with torch.no_grad(), _count_drafts(self._tf, counts):
             out = self._model(r.identity.revision).generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_tokens, do_sample=False,
-                eos_token_id=[2, *r.stop_ids], pad_token_id=0, output_logits=True,
+                eos_token_id=self._eos_ids(r.stop_ids), pad_token_id=self._pad(), output_logits=True,
                 return_dict_in_generate=True, **kwargs)
         elapsed = time.perf_counter() - start
         output = out.sequences[0, ids.shape[1]:].tolist()
@@ -160,7 +229,7 @@ class TransformersAdapter:
             top2.append((int(idx[0]), float(values[0]), int(idx[1]), float(values[1])))
         speculating = mode != "generate"
         return Result(
-            request_id=r.id, output=output, finish_reason=_finish(output, r),
+            request_id=r.id, output=output, finish_reason=_finish(output, r, self.eos),
             draft_proposed=counts["proposed"] if speculating else None,
             draft_accepted=counts["accepted"] if speculating else None,
             top2=tuple(top2), timings={"total_s": elapsed},
@@ -181,7 +250,8 @@ class TransformersAdapter:
             groups.setdefault((r.identity.revision, r.max_tokens, r.stop_ids), []).append(r)
         for (revision, max_tokens, stop_ids), group in groups.items():
             model = self._model(revision)  # each model keeps its own persistent manager (and cache)
-            gen = gc_cls(max_new_tokens=max_tokens, do_sample=False, eos_token_id=[2, *stop_ids], pad_token_id=0)
+            gen = gc_cls(max_new_tokens=max_tokens, do_sample=False, eos_token_id=self._eos_ids(stop_ids),
+                         pad_token_id=self._pad())
             cb = ContinuousBatchingConfig(page_size=self.config["page_size"], num_blocks=self.config["num_blocks"],
                                           max_batch_tokens=64, allow_block_sharing=True)
             hits: dict[str, int] = {}
@@ -198,13 +268,13 @@ class TransformersAdapter:
                 if o.error:
                     raise EngineError(f"generate_batch request {o.request_id}: {o.error}")
                 results[r.id] = Result(request_id=r.id, output=o.generated_tokens,
-                                       finish_reason=_finish(o.generated_tokens, r),
+                                       finish_reason=_finish(o.generated_tokens, r, self.eos),
                                        cached_tokens=hits.get(o.request_id, 0), timings={"batch_s": elapsed})
         return [results[r.id] for r in requests]
 
 
-def _finish(output: list[int], r: Request) -> str:
-    if output and output[-1] == 2:
+def _finish(output: list[int], r: Request, eos: int | None) -> str:
+    if output and eos is not None and output[-1] == eos:
         return "eos"
     if output and output[-1] in r.stop_ids:
         return "stop"

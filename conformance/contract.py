@@ -141,6 +141,9 @@ class Capabilities:
     # Shortest prompt (in tokens) that can produce a prefix hit at all (vLLM CPU: a full block + 1).
     min_hit_prompt: int = 2
     version: str = ""
+    # Which oracle judges this run, in words ("reference (float64)", "self (generate, bfloat16)"); the
+    # report names it, since a self-judged pass says less than a reference-judged one.
+    oracle: str = ""
 
 
 @runtime_checkable
@@ -179,6 +182,19 @@ class Introspectable(Protocol):
     """
 
     def snapshot(self) -> Mapping[str, Any]: ...
+
+
+@runtime_checkable
+class Decodes(Protocol):
+    """Optional hook: token ids -> text with the engine's own tokenizer (special tokens kept visible).
+
+    Conformance imports no tokenizer; a report shows a failure's expected and actual output as text
+    only if the adapter can say what the ids mean. The runner asks for the few sequences a report's
+    findings show, once, when the run's report is written, and records the text in results.json and
+    the witnesses, so a report re-rendered later needs no tokenizer. Never used by a check.
+    """
+
+    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class EngineError(RuntimeError):

@@ -327,6 +327,11 @@ class History:
         return self.capabilities.tolerance if self.capabilities else 0.0
 
     @property
+    def oracle(self) -> str:
+        """Which oracle judged the run ("" where the engine did not say, e.g. histories written before)."""
+        return self.capabilities.oracle if self.capabilities else ""
+
+    @property
     def duration_s(self) -> float | None:
         return None if self.ended is None or self.ended.get("duration_s") is None else float(self.ended["duration_s"])
 

@@ -66,6 +66,8 @@ def capabilities(caps: Any) -> Capabilities:
         raise EngineError(f"capabilities().eos_id is {caps.eos_id!r}, not a token id")
     if not _is_finite(caps.tolerance) or caps.tolerance < 0:
         raise EngineError(f"capabilities().tolerance is {caps.tolerance!r}, not a finite number >= 0")
+    if not isinstance(caps.oracle, str):
+        raise EngineError(f"capabilities().oracle is {caps.oracle!r}, not a string")
     json_safe(dict(caps.config_space), "capabilities().config_space")
     for knob in caps.config_space:
         if caps.knob_roles.get(knob) not in KNOB_ROLES:

@@ -57,7 +57,7 @@ def test_top2_logits_are_reported_per_output_token(adapter):
     assert all(t1 == tok and l1 >= l2 for (t1, l1, _, l2), tok in zip(res.top2, res.output))
 
 
-@pytest.mark.parametrize("args", [{"mode": "beam"}, {"k": "zero"}, {"k": "0"}, {"dtype": "float16"}])
+@pytest.mark.parametrize("args", [{"mode": "beam"}, {"k": "zero"}, {"k": "0"}, {"dtype": "int8"}, {"oracle": "gold"}])
 def test_bad_engine_arguments_are_usage_errors(args):
     with pytest.raises(UsageError):
         TransformersAdapter(**args)
