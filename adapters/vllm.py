@@ -73,7 +73,8 @@ def speculative_config(spec: str, k: int, draft_folder: str) -> dict[str, Any] |
     if spec == "draft":
         return {"method": "draft_model", "num_speculative_tokens": k, "model": draft_folder}
     return None
-VOCAB, MAX_CONTEXT, EOS = 1024, 1024, 2
+VOCAB, MAX_CONTEXT, EOS = 1024, 1024, 2  # the shipped family's (the probes use them); an adapter reads its model's
+MAX_MODEL_LEN = 4096  # a user's model's context is capped here: vLLM CPU sizes its KV for max_model_len
 
 
 
@@ -144,8 +145,16 @@ class VllmAdapter:
                  revisions: str = "a,b", identities: str = "salt,adapter,revision", vary: str = "",
                  max_live: str | int = 4, dtype: str = "float32", kv_space_gb: str | int = 1,
                  seed: str | int = 0, tolerance: str | float = DEFAULT_TOLERANCE, logprobs: str = "true",
-                 model_dir: str = "", max_num_seqs: str | int = 8) -> None:
+                 model_dir: str = "", max_num_seqs: str | int = 8, model: str = "") -> None:
+        from adapters import checkpoint_info
         from reference_engine import checkpoints
+
+        # model=PATH (model_dir= is the older spelling): a user's checkpoint, one revision, no shipped LoRA
+        model_dir = model or model_dir
+        self.info = checkpoint_info.read(model_dir) if model_dir else checkpoint_info.shipped()
+        self.max_context = min(self.info.max_context, MAX_MODEL_LEN)
+        if model_dir:
+            lora, revisions = "false", "a"
 
         self._ckpt = checkpoints
         self.block_size = int_arg("block_size", block_size)
@@ -197,7 +206,7 @@ class VllmAdapter:
         self._vllm = vllm
         self.version = getattr(vllm, "__version__", "unknown")
         self._engines: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
-        self._oracle = ReferenceOracle(EOS)
+        self._oracle = ReferenceOracle(self.info.eos_id, model_dir or None)
         self.config = dict(self.defaults)
         # Start the default engine now (in the caller's thread), so a broken install fails at load time.
         self._engine(self.revisions[0])
@@ -208,7 +217,8 @@ class VllmAdapter:
         spec = c["spec"] != "none"
         space = {k: CHOICES[k] for k in self.vary}
         return Capabilities(
-            name="vllm", version=self.version, vocab_size=VOCAB, max_context=MAX_CONTEXT, eos_id=EOS,
+            name="vllm", version=self.version, vocab_size=self.info.vocab_size,
+            max_context=self.max_context, eos_id=self.info.eos_id, oracle=self._oracle.label,
             block_size=self.block_size, prefix_caching=bool(c["prefix_caching"]),
             reports_cached_tokens=True, speculation=spec, reports_drafts=spec,
             chunked_prefill=c["max_num_batched_tokens"] is not None, evicts=False,
@@ -258,9 +268,9 @@ class VllmAdapter:
     def run(self, requests: Sequence[Request]) -> list[Result]:
         for q in requests:
             self._check_identity(q.identity)
-            if not q.prompt or q.max_tokens < 1 or len(q.prompt) + q.max_tokens > MAX_CONTEXT:
+            if not q.prompt or q.max_tokens < 1 or len(q.prompt) + q.max_tokens > self.max_context:
                 raise UsageError(f"request {q.id}: prompt of {len(q.prompt)} + max_tokens {q.max_tokens} "
-                                 f"outside 1..{MAX_CONTEXT}")
+                                 f"outside 1..{self.max_context}")
         results: dict[str, Result] = {}
         # One LLM per base revision: a batch mixing revisions is split, each part keeps arrival order.
         for revision in dict.fromkeys(q.identity.revision for q in requests):
@@ -305,7 +315,7 @@ class VllmAdapter:
         folder = self.model_dir or str(self._ckpt.revision_dir(revision))
         kwargs: dict[str, Any] = dict(
             model=folder, tokenizer=folder, dtype=self.dtype, enforce_eager=True, block_size=self.block_size,
-            enable_prefix_caching=bool(c["prefix_caching"]), max_model_len=MAX_CONTEXT, seed=self.seed,
+            enable_prefix_caching=bool(c["prefix_caching"]), max_model_len=self.max_context, seed=self.seed,
             disable_log_stats=False, max_logprobs=2, max_num_seqs=self.max_num_seqs)
         if c["max_num_batched_tokens"] is not None:
             kwargs["max_num_batched_tokens"] = c["max_num_batched_tokens"]
@@ -377,7 +387,7 @@ class VllmAdapter:
                 raise EngineError(f"vllm returned no completion for request {q.id}")
             comp = o.outputs[0]
             output, reason = normalise_finish(comp.token_ids, comp.finish_reason, comp.stop_reason, q.stop_ids,
-                                              EOS, q.max_tokens)
+                                              self.info.eos_id, q.max_tokens)
             cached = o.num_cached_tokens
             extra: dict[str, Any] = {"prompt_tokens": len(q.prompt), "engine_revision": revision,
                                      "vllm_finish_reason": comp.finish_reason,

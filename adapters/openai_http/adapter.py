@@ -80,6 +80,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import attrs
@@ -107,9 +108,15 @@ class OpenAIHttpAdapter:
                  port: str | int = 0, revision: str = "a", name: str = "", extra_body: str = "",
                  scope: str = "tenant", fault: str = "", knobs: str = "", arrival: str = "stagger",
                  stagger_ms: str | float = 10) -> None:
+        from adapters import checkpoint_info
         from reference_engine import checkpoints
 
         self._ckpt = checkpoints
+        # model=PATH (a local folder): the checkpoint the server serves; its vocabulary, eos, context and
+        # tokenizer are read from it (adapters.checkpoint_info). Any other model= is the served name.
+        self.checkpoint = model if model and Path(model).expanduser().is_dir() else ""
+        self.info = checkpoint_info.read(self.checkpoint) if self.checkpoint else checkpoint_info.shipped()
+        self.max_context, model = min(self.info.max_context, 4096), "" if self.checkpoint else model
         if bool(base_url) == bool(serve):
             raise UsageError("give exactly one of base_url=URL (attach) or serve=vllm|llama_cpp|kvparity (start a server)")
         if serve not in ("", "vllm", "llama_cpp", "kvparity"):
@@ -156,8 +163,8 @@ class OpenAIHttpAdapter:
         self.gguf = gguf
         self.label = name or (f"openai_http-{serve}" if serve else "openai_http")
         self.server: ServerProcess | None = None
-        self.text = TextChannel(checkpoints.load_tokenizer, prompt_mode == "text")
-        self._oracle = ReferenceOracle(EOS)
+        self.text = TextChannel(self._tokenizer, prompt_mode == "text")
+        self._oracle = ReferenceOracle(self.info.eos_id, self.checkpoint or None)
         self.epoch = 0
         self.version = "unknown"
         self._ids_from_server = False  # set by the first (probe) completion: output ids exact, not re-encoded
@@ -178,13 +185,21 @@ class OpenAIHttpAdapter:
             self.close()
             raise
 
+    def _tokenizer(self):
+        """The served checkpoint's tokenizer.json (the shipped one without model=PATH)."""
+        if not self.checkpoint:
+            return self._ckpt.load_tokenizer()
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(Path(self.checkpoint).expanduser() / "tokenizer.json"))
+
     # -- server lifecycle -------------------------------------------------------------------------
     def _start_server(self, port: int) -> str:
         port = port or free_port()
         if self.serve == "vllm":
             loras = {a: str(self._ckpt.adapter_dir(a)) for a in self.loras} if self.lora else {}
-            cmd = vllm_command(folder=str(self._ckpt.revision_dir(self.revision)), port=port,
-                               block_size=self.block_size, max_context=MAX_CONTEXT, loras=loras,
+            cmd = vllm_command(folder=self.checkpoint or str(self._ckpt.revision_dir(self.revision)), port=port,
+                               block_size=self.block_size, max_context=self.max_context, loras=loras,
                                budget=self.budget, spec=self.spec, k=self.k,
                                draft_folder=str(self._ckpt.CHECKPOINTS / self._ckpt.DRAFT))
             env, health = vllm_env(), "/health"
@@ -195,7 +210,7 @@ class OpenAIHttpAdapter:
         else:
             if not self.gguf:
                 raise UsageError("serve=llama_cpp needs gguf=PATH (see `kvparity export-gguf`)")
-            cmd, env, health = llama_cpp_command(gguf=self.gguf, port=port, max_context=MAX_CONTEXT), None, "/v1/models"
+            cmd, env, health = llama_cpp_command(gguf=self.gguf, port=port, max_context=self.max_context), None, "/v1/models"
         self.server = ServerProcess(self.serve, cmd, env)
         return self.server.wait_healthy(f"http://127.0.0.1:{port}", health, self.startup_timeout)
 
@@ -264,7 +279,8 @@ class OpenAIHttpAdapter:
             identities.add("adapter")
         spec = self.spec != "none"
         return Capabilities(
-            name=self.label, version=self.version, vocab_size=VOCAB, max_context=MAX_CONTEXT, eos_id=EOS,
+            name=self.label, version=self.version, vocab_size=self.info.vocab_size,
+            max_context=self.max_context, eos_id=self.info.eos_id, oracle=self._oracle.label,
             block_size=self.block_size, prefix_caching=self.reports_cached or self.serve == "llama_cpp",
             reports_cached_tokens=self.reports_cached, speculation=spec, reports_drafts=spec,
             chunked_prefill=self.budget is not None, evicts=False, top2_logits=self.want_logprobs,
@@ -429,10 +445,10 @@ class OpenAIHttpAdapter:
         stop_reason = choice.get("stop_reason")
         cut = next((k for k, t in enumerate(ids) if t in q.stop_ids), None) if not self._sends_stop_ids() else None
         if cut is not None:  # the server was not told the stop ids: stop client-side at the first one
-            output, reason = ids[:cut + 1], ("eos" if ids[cut] == EOS else "stop")
+            output, reason = ids[:cut + 1], ("eos" if ids[cut] == self.info.eos_id else "stop")
             extra["client_side_stop"] = True
         else:
-            output, reason = normalise_finish(ids, choice.get("finish_reason"), stop_reason, q.stop_ids, EOS,
+            output, reason = normalise_finish(ids, choice.get("finish_reason"), stop_reason, q.stop_ids, self.info.eos_id,
                                               q.max_tokens)
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
