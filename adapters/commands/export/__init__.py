@@ -1,0 +1,152 @@
+"""`kvparity export WITNESS.json --out FILE.py [--engine NAME]`: a standalone reproducer of a witness for
+the engine's own API, which does not import kvparity.
+
+To report a finding upstream, an engine developer should not have to install kvparity and trust its
+adapter. The script this writes drives the engine the way the adapter did (one module per engine here:
+`reference`, `transformers`, `vllm`, `llama_cpp`, `openai_http`, each a driver template plus what it
+resolves at export time), runs the witness's steps, and checks the suite's claims with a small shared
+checker (`runtime`, embedded verbatim, standard library only) against the oracle's expected tokens,
+embedded as a JSON literal (`plan`). It exits 0 when every claim held, 1 with a one-line diff when the
+engine still misbehaves, 3 when the case could not be run.
+
+Nothing in the witness is executed or chooses code: it may name a registered engine only (as for
+`kvparity replay`), and its values reach the script as JSON data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+from conformance.contract import UsageError
+
+EXPORTERS = {name: f"adapters.commands.export.{name}"
+             for name in ("reference", "transformers", "vllm", "llama_cpp", "openai_http")}
+RUNTIME = Path(__file__).with_name("runtime.py")
+
+
+def exporter_for(engine: str):
+    if engine not in EXPORTERS:
+        raise UsageError(f"no reproducer exporter for engine {engine!r}; known: {', '.join(EXPORTERS)}")
+    return importlib.import_module(EXPORTERS[engine])
+
+
+def _without_docstring(source: str) -> str:
+    """A module's source minus its docstring (the script has its own)."""
+    tree = ast.parse(source)
+    first = tree.body[0] if tree.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return "\n".join(source.splitlines()[first.end_lineno:]).lstrip("\n")
+    return source
+
+
+def _plan_literal(plan: dict) -> str:
+    text = json.dumps(plan, indent=1)
+    if "'''" in text or text.endswith("\\"):
+        return f"load_plan({text!r})"  # still a JSON string literal, read by json.loads
+    return f"load_plan(r'''\n{text}\n''')"
+
+
+def render(plan: dict, exporter, witness: str, args: dict | None = None) -> str:
+    """The reproducer's source: a docstring saying what it is, the checker, the driver, the plan."""
+    w = plan["witness"]
+    title = f" — {w['title']}" if w.get("title") else ""
+    doc = (f'"""Standalone reproducer: kvparity witness {w["file"]} ({w["check"]}{title}) on '
+           f'{plan["description"].rsplit(" on ", 1)[-1].rstrip(".")}.\n\n'
+           f"Exported by `kvparity export {witness}`. It does not import kvparity: it needs\n"
+           f"{exporter.NEEDS}.\n"
+           f"Witness engine arguments: {json.dumps(w['engine_args'])}.\n\n"
+           f"Run:  python THIS_FILE [--help]   (options: --help lists them)\n"
+           f"Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still\n"
+           f"misbehaves (one line: the claim, the request, the first divergent position, expected vs got);\n"
+           f"3 the case could not be run.\n"
+           f"{exporter.how(args or {}) if hasattr(exporter, 'how') else getattr(exporter, 'HOW', '')}"
+           f'"""\n')
+    helpers = "".join("\n\n" + inspect.getsource(fn) for fn in getattr(exporter, "HELPERS", ()))
+    runtime = _without_docstring(RUNTIME.read_text())
+    return ("#!/usr/bin/env python3\n" + doc + "\nfrom __future__ import annotations  # the embedded helpers' type hints stay unevaluated\n\n"
+            "# --- the checker shared by every reproducer (kvparity adapters/commands/export/runtime.py) ---\n"
+            + runtime + helpers + "\n" + exporter.DRIVER.strip("\n") + "\n\n\n"
+            "# --- the witness: steps, requests (token ids, identities) and the oracle's expected outputs ---\n"
+            f"PLAN = {_plan_literal(plan)}\n\n\n"
+            'if __name__ == "__main__":\n'
+            "    sys.exit(main(PLAN, Driver))\n")
+
+
+def export(witness: str | os.PathLike, out: str | os.PathLike, engine: str | None = None,
+           engine_args: dict[str, str] | None = None) -> Path:
+    """Write the reproducer of `witness` for `engine` (default: the witness's) to `out`; `engine_args`
+    override the witness's engine arguments (for another engine, they are its only ones)."""
+    from adapters.commands.export import plan as plans
+    from conformance.cli import read_witness
+
+    raw = plans._witness_json(Path(witness))
+    named = raw.get("engine")
+    target = engine or named
+    exporter = exporter_for(str(target))
+    name, args, check, steps = read_witness(witness, None if engine is None or engine == named else engine)
+    if target != named:
+        args = {}  # the witness's engine arguments belong to its own engine
+    args = {**args, **(engine_args or {})}
+    out = Path(out)
+    params = plans.build(witness, exporter, str(target), str(named), args, check, steps)
+    if hasattr(exporter, "locate"):
+        params["engine"].update(exporter.locate(out))
+    source = render(params, exporter, str(witness), args)
+    compile(source, str(out), "exec")  # a template mistake is ours: never write a script that cannot run
+    out.write_text(source)
+    out.chmod(0o755)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from adapters.commands.cli import UsageParser
+
+    p = UsageParser(prog="kvparity export", description="Write a standalone reproducer of a witness for the "
+                    "engine's own API (it does not import kvparity).")
+    p.add_argument("witness", help="a witness JSON file (a report's witnesses/ folder, reports/fault-zoo/witnesses/)")
+    p.add_argument("--out", required=True, help="the reproducer to write (FILE.py)")
+    p.add_argument("--engine", default=None, choices=list(EXPORTERS),
+                   help="engine to write it for (default: the engine the witness names)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
+                   help="override an engine argument of the witness (e.g. fault=none), or give one for --engine")
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from adapters.commands.cli import output_file
+
+    from conformance.registry import parse_engine_args
+
+    args = build_parser().parse_args(argv)
+    args.engine_args = parse_engine_args(args.engine_arg)
+    if not Path(args.witness).is_file():
+        raise UsageError(f"no such witness file: {args.witness}")
+    output_file(args.out)
+    return args
+
+
+def work(args: argparse.Namespace) -> int:
+    import sys
+
+    from conformance.cli import EXIT_USAGE
+
+    try:
+        out = export(args.witness, args.out, args.engine, args.engine_args)
+    except UsageError as exc:
+        print(f"kvparity export: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"wrote {out}: python {out}  (0 = every claim held, 1 = still misbehaves, 3 = could not run)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from adapters.commands.cli import run_command
+
+    return run_command("kvparity export", parse_args, work, argv)
