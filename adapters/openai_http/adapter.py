@@ -10,7 +10,8 @@ Attach to a running server (`base_url=http://127.0.0.1:8000`) or let the adapter
   serve=kvparity    `kvparity serve` (adapters/serve/): the reference engine, continuous batching, token ids,
                     cached-token counts, LoRA names, POST /reset_prefix_cache; scope=user|tenant|global
                     (which requests may share KV), fault=NAME (a zoo fault planted in the server's engine),
-                    knobs=chunk_size:5,pool_tokens:64 (reference-engine knobs); tolerance 0 (same float64
+                    knobs=chunk_size:5,pool_tokens:64 (reference-engine knobs; configure(), e.g. a
+                    witness's configure step, restarts the server with its knobs); tolerance 0 (same float64
                     weights as the oracle), logprobs off by default (the server recomputes them)
 
 Greedy means greedy. `temperature: 0` alone is not enough on every server: llama-cpp-python's server
@@ -289,6 +290,14 @@ class OpenAIHttpAdapter:
             min_hit_prompt=self.block_size + 1)
 
     def configure(self, config: Mapping[str, Any]) -> None:
+        if config and self.serve == "kvparity":  # a witness's configuration: restart the server with it
+            knobs = {**self.knobs, **{k: str(v) for k, v in config.items() if k != "block_size"}}
+            block = int(num_arg("block_size", config.get("block_size", self.block_size), int, 1))
+            if (knobs, block) != (self.knobs, self.block_size):
+                self.close()
+                self.knobs, self.block_size = knobs, block
+                self.http = Http(self._start_server(0), self.timeout)
+            return
         if config:
             raise UsageError(f"the openai_http adapter has no config space (got {dict(config)}); "
                              f"start another server with other engine arguments instead")

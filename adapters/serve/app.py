@@ -11,7 +11,7 @@ Routes (the wire format is vLLM's, so the HTTP adapter drives this server and vL
                              max_tokens, stop_token_ids, logprobs (top-n), cache_salt, user,
                              return_token_ids, return_tokens_as_token_ids; greedy only
   POST /reset_prefix_cache   forget every reusable KV (vLLM's dev-mode endpoint, same name)
-  GET  /health, GET /version
+  GET  /health, GET /version, GET /metrics   (Prometheus text: engine steps, the largest batch, requests)
 Answers carry `usage.prompt_tokens_details.cached_tokens` — the engine's own count of prompt tokens whose
 KV came from the prefix cache (so with a fault planted, whatever the faulty engine reports).
 
@@ -76,12 +76,13 @@ class CompletionServer:
         self.revision, self.scope, self.model_name, self.fault = revision, scope, model_name, fault
         self.vocab = registry.config().vocab_size
         self._ids = itertools.count()
+        self.requests = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=4 * 1024 * 1024)
         app.add_routes([web.get("/v1/models", self.models), web.post("/v1/completions", self.completions),
                         web.post("/reset_prefix_cache", self.reset), web.get("/health", self.health),
-                        web.get("/version", self.version)])
+                        web.get("/version", self.version), web.get("/metrics", self.metrics)])
         app.on_shutdown.append(self._shutdown)
         return app
 
@@ -95,6 +96,12 @@ class CompletionServer:
     async def version(self, _request: web.Request) -> web.Response:
         return web.json_response({"version": f"kvparity-serve {VERSION}", "cache_scope": self.scope,
                                   "fault": self.fault or "none", "revision": self.revision})
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        """What shows batching from outside: steps run, and the most requests live in one step."""
+        lines = [f"kvparity_engine_steps_total {self.loop.steps}", f"kvparity_batch_size_max {self.loop.largest_batch}",
+                 f"kvparity_requests_total {self.requests}"]
+        return web.Response(text="\n".join(lines) + "\n")
 
     async def models(self, _request: web.Request) -> web.Response:
         names = [self.model_name, *sorted(self.registry.adapters())]
@@ -120,7 +127,8 @@ class CompletionServer:
             prompt, max_tokens, stop_ids, identity, opts = self._parse(body)
         except BadRequest as exc:
             return _error(400, str(exc))
-        request_id = f"cmpl-{next(self._ids)}"
+        request_id = f"cmpl-{next(self._ids)}"  # numbered in arrival order
+        self.requests += 1
         fut = asyncio.get_running_loop().create_future()
         try:
             self.loop.submit(request_id, prompt, max_tokens, stop_ids, identity, self._resolver(fut))

@@ -1,0 +1,212 @@
+"""`kvparity serve`: the reference engine behind an OpenAI-compatible server, driven over real HTTP on
+127.0.0.1 (a free port) — by raw requests for the wire format, and by the HTTP adapter (`serve=kvparity`)
+for the suite: a short run passes, and the committed fault-zoo witness of `salt_ignored` replays FAILED
+through the server with the fault planted and FIXED without it. The continuous-batching loop is also
+tested in-process (requests joining a running batch; a failing step answers every request in flight)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("aiohttp", reason="kvparity serve needs the serve extra (aiohttp)")
+
+from adapters.openai_http import OpenAIHttpAdapter, prometheus_totals  # noqa: E402
+from adapters.serve import cache_salt  # noqa: E402
+from adapters.serve.loop import EngineFailed, EngineLoop, RequestRefused  # noqa: E402
+from conformance.contract import Identity, Request  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WITNESS = ROOT / "reports" / "fault-zoo" / "witnesses" / "salt_ignored.json"
+
+
+@pytest.fixture(scope="module")
+def served():
+    a = OpenAIHttpAdapter(serve="kvparity", stagger_ms="0")
+    yield a
+    a.close()
+
+
+def post(adapter, path: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(adapter.http.base + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_models_lists_the_base_model_and_the_shipped_adapters(served):
+    data = served.http.call("GET", "/v1/models")
+    assert [m["id"] for m in data["data"]] == ["kvparity", "rot13", "upper"]
+    assert "cache scope tenant" in served.capabilities().version
+
+
+def test_outputs_cached_counts_salts_and_reset(served):
+    p = tuple(range(10, 80))  # 70 tokens: two full 32-token blocks
+    served.reset()
+    r1, r2 = served.run([Request("a", p, 8), Request("b", p, 8, identity=Identity(salt="tenant-b"))])
+    [r3] = served.run([Request("c", p, 8)])
+    [r4] = served.run([Request("d", p, 8, identity=Identity(salt="tenant-c"))])
+    base = served.baseline(Request("a", p, 8))
+    assert r1.output == r2.output == r3.output == r4.output == base.output
+    assert (r1.cached_tokens, r3.cached_tokens, r4.cached_tokens) == (0, 64, 0)  # another salt sees nothing
+    served.reset()
+    [r5] = served.run([Request("e", p, 8)])
+    assert r5.cached_tokens == 0
+    assert all(r.extra["server_id"].startswith("cmpl-") for r in (r1, r2, r5))
+    assert r1.timings["sent_s"] == 0.0 and r1.timings["sent_actual_s"] >= 0.0
+
+
+def test_text_prompts_logprobs_and_adapters(served):
+    status, data = post(served, "/v1/completions", {"prompt": "def hello(", "max_tokens": 5, "logprobs": 2,
+                                                    "return_token_ids": True, "return_tokens_as_token_ids": True})
+    assert status == 200
+    choice = data["choices"][0]
+    ids = choice["token_ids"]
+    assert choice["text"] == served.text.decode(ids)
+    prompt = served.text.encode("def hello(")
+    assert ids == list(served.baseline(Request("t", tuple(prompt), 5)).output)
+    # the recomputed logprobs agree with the greedy tokens the engine returned
+    assert [max(step, key=step.get) for step in choice["logprobs"]["top_logprobs"]] == [f"token_id:{t}" for t in ids]
+    status, upper = post(served, "/v1/completions", {"model": "upper", "prompt": "def hello(", "max_tokens": 5,
+                                                     "return_token_ids": True})
+    assert status == 200 and upper["choices"][0]["token_ids"] != ids
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"prompt": [5000], "max_tokens": 2}, "OutOfVocabularyError"),
+    ({"prompt": [], "max_tokens": 2}, "EmptyPromptError"),
+    ({"prompt": [5, 6], "max_tokens": 2, "temperature": 0.7}, "greedily"),
+    ({"prompt": [5, 6], "max_tokens": 2, "model": "gpt-9"}, "not served"),
+    ({"prompt": [5, 6], "max_tokens": 2, "stop": ["\n"]}, "stop strings"),
+    ({"prompt": [5, 6], "max_tokens": 2, "cache_salt": 7}, "cache_salt"),
+    ({"prompt": [5] * 1000, "max_tokens": 100}, "ContextOverflowError"),
+])
+def test_bad_requests_are_400_with_the_reason(served, body, words):
+    status, data = post(served, "/v1/completions", body)
+    assert status == 400 and words in data["error"]["message"]
+
+
+def test_concurrent_requests_run_in_one_batch(served):
+    before = prometheus_totals(served.http.call("GET", "/metrics", raw=True))
+    qs = [Request(f"c{i}", tuple(range(20 + i, 60 + i)), 30, identity=Identity(salt=f"s{i}")) for i in range(4)]
+    results = served.run(qs)
+    after = prometheus_totals(served.http.call("GET", "/metrics", raw=True))
+    assert [r.output for r in results] == [served.baseline(q).output for q in qs]
+    assert after["kvparity_batch_size_max"] >= 2  # requests joined a running batch
+    steps = after["kvparity_engine_steps_total"] - before["kvparity_engine_steps_total"]
+    assert steps < sum(len(r.output) for r in results)  # fewer steps than tokens: they shared steps
+
+
+def test_a_short_suite_run_passes(served, tmp_path):
+    from conformance.runner import run_suite
+
+    out = run_suite(served, engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=5, max_examples=4,
+                    database_dir=tmp_path, shrink=False)
+    assert out.verdict == "pass", out.analysis.checks
+
+
+@pytest.mark.parametrize("fault, word", [("salt_ignored", "FAILED"), ("none", "FIXED")])
+def test_salt_ignored_witness_through_the_server(fault, word):
+    from conformance.cli import replay_case
+
+    got, _, detail = replay_case(WITNESS, {"serve": "kvparity", "block_size": "16", "fault": fault, "stagger_ms": "0"},
+                                 timeout_s=120, engine="openai_http")
+    assert got == word, detail
+
+
+def test_global_scope_drops_tenancy_and_user_scope_keeps_both():
+    assert cache_salt("global", "t1", "u1") is None
+    assert cache_salt("tenant", "t1", "u1") == cache_salt("tenant", "t1", "u2") == "t1"
+    assert cache_salt("user", "t1", "u1") != cache_salt("user", "t1", "u2")
+    assert cache_salt("user", "a|user:b", None) != cache_salt("user", "a", "b")  # no two pairs collide
+
+
+@pytest.mark.parametrize("args", [["--cache-scope", "everyone"], ["--fault", "nope"],
+                                  ["--engine-arg", "block_size=zero"], ["--port", "70000"]])
+def test_bad_serve_arguments_exit_3_with_one_line(args, capsys):
+    from adapters.commands.serve import main
+
+    assert main(args) == 3
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("kvparity serve: error"), err
+
+
+# --------------------------------------------------------------------------- the loop, in-process
+
+
+def _engine():
+    from adapters.reference import engine_config, shared_registry
+    from reference_engine.faults import build_engine
+
+    return build_engine(engine_config({}), shared_registry(), None)
+
+
+def _wait(loop: EngineLoop, *requests):
+    box, done = {}, threading.Event()
+
+    def answer(rid):
+        def cb(value):
+            box[rid] = value
+            if len(box) == len(requests):
+                done.set()
+        return cb
+
+    for rid, prompt, n in requests:
+        loop.submit(rid, prompt, n, (), _identity(), answer(rid))
+    assert done.wait(120)
+    return box
+
+
+def _identity():
+    from reference_engine.sequence import Identity as EngineIdentity
+
+    return EngineIdentity()
+
+
+def test_loop_answers_each_request_and_refuses_bad_ones_alone():
+    from reference_engine.baseline import greedy
+
+    engine = _engine()
+    loop = EngineLoop(engine)
+    try:
+        box = _wait(loop, ("x", (5, 6, 7, 8), 6), ("bad", (5000,), 2), ("y", (9, 10, 11), 4))
+    finally:
+        loop.close()
+    model = engine.registry.model(_identity())
+    assert box["x"].output == greedy(model, (5, 6, 7, 8), 6).output
+    assert box["y"].output == greedy(model, (9, 10, 11), 4).output
+    assert isinstance(box["bad"], RequestRefused)
+
+
+class FailingStepEngine:
+    """A test fake (the loop's own logic only): admits requests and then fails its first step."""
+
+    def __init__(self) -> None:
+        self.live: dict = {}
+
+    def add_request(self, rid, *args) -> None:
+        self.live[rid] = args
+
+    def has_unfinished(self) -> bool:
+        return bool(self.live)
+
+    def step(self):
+        self.live.clear()  # the real engine aborts every in-flight request before re-raising
+        raise RuntimeError("boom")
+
+
+def test_a_failing_step_answers_every_request_in_flight():
+    loop = EngineLoop(FailingStepEngine())
+    try:
+        box = _wait(loop, ("a", (1,), 1), ("b", (2,), 1))
+    finally:
+        loop.close()
+    assert all(isinstance(v, EngineFailed) and "boom" in str(v) for v in box.values())
