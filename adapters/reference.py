@@ -75,6 +75,14 @@ def shared_weights() -> Weights:
     return Weights(torch.float64)
 
 
+@functools.cache
+def shared_tokenizer():
+    """The shipped tokenizer.json (tokenizers), loaded on first use: only a report's text needs it."""
+    from reference_engine.checkpoints import load_tokenizer
+
+    return load_tokenizer()
+
+
 def shared_registry() -> ModelRegistry:
     """A registry with bindings of its own (the shipped adapters) over the process's loaded models."""
     return ModelRegistry(weights=shared_weights())
@@ -171,6 +179,10 @@ class ReferenceAdapter:
 
     def snapshot(self) -> Mapping[str, Any]:
         return self.engine.snapshot()
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The optional `Decodes` hook: the shipped tokenizer (every checkpoint shares it)."""
+        return shared_tokenizer().decode(list(ids), skip_special_tokens=False)
 
     # -- helpers ----------------------------------------------------------------------------------
     def _identity(self, identity) -> EngineIdentity:

@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                      help="seconds per engine call (construction and close included) before it counts as hung")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing example unshrunk (faster)")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="no progress line (by default: live on a terminal, every tenth of the examples in a log)")
     run.add_argument("--minimise", action="store_true",
                      help="after the run, minimise one witness per failed check on fresh engines (<case>.min.json); "
                           "each replay builds an engine, so this is for engines that start fast")
@@ -168,6 +170,7 @@ def close_engine(engine: Any, timeout_s: float) -> str | None:
 def cmd_run(args: argparse.Namespace, session: Session) -> int:
     from conformance import status
     from conformance.analysis import select_checks
+    from conformance.progress import Progress
     from conformance.report import print_summary
     from conformance.registry import parse_engine_args, resolve
     from conformance.runner import new_run_dir, profile_settings, run_suite
@@ -182,7 +185,8 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     status.tell(run_dir=str(run_dir))
     outcome = run_suite(engine, engine_name=args.engine, engine_args=engine_args, profile=args.profile,
                         checks=checks, run_dir=run_dir, seed=args.seed, max_examples=args.max_examples,
-                        timeout_s=args.timeout, shrink=not args.no_shrink)
+                        timeout_s=args.timeout, shrink=not args.no_shrink,
+                        progress=None if args.quiet else Progress())
     session.hard_exit = outcome.abandoned or outcome.interrupted
     print_summary(outcome.analysis, outcome.run_dir, args.engine)
     if outcome.report_error:

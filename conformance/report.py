@@ -1,40 +1,64 @@
 """Reports: `results.json`, `report.md`, `report.html` (self-contained, inline SVG), `junit.xml`, and one
-witness file per failure under `witnesses/` that `kvparity replay <path>` re-runs.
+witness file per failure under `witnesses/` that `kvparity replay <path>` re-runs. This module is their
+one writer.
 
-Every failure says what an engine developer needs first: the case id, the shrunk witness (prompt,
-identity, first divergent position, expected vs got, baseline margin there) and the one-line replay
-command.
+A report says what a person needs to trust the verdict at a glance and to act on a failure: each check
+with what it checked in its own unit, the findings — failures grouped by root (`grouping`), each told as
+a story (`report_story`: timeline, aligned expected-vs-got tokens and text, whose KV was reused, the raw
+witness folded) with its replay command — and what the run exercised (`report_coverage`: situations
+reached and not, identities and configurations drawn, margins). report.md and report.html are two
+renderings of the same blocks (`report_doc`), built from results.json alone.
 """
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from xml.sax.saxutils import escape, quoteattr
 
 from conformance.analysis import Analysis
+from conformance.grouping import Finding, group
 from conformance.history import History, encode
+from conformance.report_coverage import bar_chart, counts_text, results_part
+from conformance.report_coverage import blocks as coverage_blocks
+from conformance.report_doc import Block, Bullets, Cell, Figure, Heading, Para, Section, Table, page, to_md
+from conformance.report_story import blocks as story_blocks
+from conformance.report_story import decode_texts, story, text_key
 from conformance.verdicts import Failure
 
-COLORS = {"pass": "#2e7d32", "fail": "#c62828", "inconclusive": "#f9a825", "error": "#6a1b9a", "skip": "#9e9e9e"}
+
+def witness_path(run_dir: Path, failure: Failure) -> Path:
+    return Path(run_dir) / "witnesses" / f"{failure.case_id}.json"
 
 
-def write_witnesses(run_dir: Path, history: History, analysis: Analysis) -> dict[str, Path]:
-    """One JSON file per failure: the engine, its arguments, the failure and the resolved steps."""
+def _witness_texts(w: Mapping[str, Any], texts: Mapping[str, str]) -> dict[str, str]:
+    """The decoded text of a witness's own sequences, where the run recorded it."""
+    out = {}
+    for key in ("output", "expected_output", "earlier_output"):
+        if isinstance(w.get(key), list) and text_key(w[key]) in texts:
+            out[key] = texts[text_key(w[key])]
+    return out
+
+
+def write_witnesses(run_dir: Path, history: History, analysis: Analysis,
+                    texts: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """One JSON file per failure: the engine, its arguments, the failure, the resolved steps and, where
+    the adapter could decode, the text of the outputs (so a reader needs no tokenizer)."""
     out: dict[str, Path] = {}
     examples = {ex.index: ex for ex in history.examples}
     for failure in analysis.failures:
         ex = examples.get(failure.example)
-        path = run_dir / "witnesses" / f"{failure.case_id}.json"
+        path = witness_path(run_dir, failure)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({
-            "kvparity_witness": 1, "engine": history.meta.get("engine"),
-            "engine_args": history.meta.get("engine_args", {}), "check": failure.check,
-            "failure": failure.to_json(), "steps": ex.steps() if ex else [],
-            "capabilities": encode(history.capabilities) if history.capabilities else None,
-        }, indent=1))
+        data = {"kvparity_witness": 1, "engine": history.meta.get("engine"),
+                "engine_args": history.meta.get("engine_args", {}), "check": failure.check,
+                "failure": failure.to_json(), "steps": ex.steps() if ex else [],
+                "capabilities": encode(history.capabilities) if history.capabilities else None}
+        decoded = _witness_texts(failure.witness, texts or {})
+        if decoded:
+            data["decoded"] = decoded
+        path.write_text(json.dumps(data, indent=1))
         out[failure.case_id] = path
     return out
 
@@ -47,15 +71,32 @@ def replay_command(path: Path, engine: str | None = None) -> str:
 
 
 # What a report holds that its history cannot give back: re-analysis (`kvparity report`) carries these
-# over from the results.json it replaces instead of dropping them.
-CARRIED = ("duration_s", "minimised", "process")
+# over from the results.json it replaces instead of dropping them. `decoded`: token ids -> text, from
+# the adapter's `decode` hook at run time (conformance has no tokenizer of its own).
+CARRIED = ("duration_s", "minimised", "process", "decoded")
+
+
+def findings_json(history: History, findings: list[Finding], witnesses: Mapping[str, Path]) -> list[dict]:
+    """The grouped findings, each with its story (timeline, divergence, reuse) and replay command."""
+    out = []
+    for fd in findings:
+        d = fd.to_json()
+        d["story"] = story(history, fd)
+        d["explanation"] = fd.failure.explanation
+        d["record_check"] = fd.failure.check
+        d["witness"] = dict(fd.failure.witness)
+        if fd.failure.case_id in witnesses:
+            d["replay"] = replay_command(witnesses[fd.failure.case_id], history.meta.get("engine"))
+        out.append(d)
+    return out
 
 
 def results_json(history: History, analysis: Analysis, witnesses: Mapping[str, Path],
-                 duration_s: float | None = None, carried: Mapping[str, Any] | None = None) -> dict:
+                 duration_s: float | None = None, carried: Mapping[str, Any] | None = None,
+                 decode: Callable[[list[int]], str] | None = None) -> dict:
     """The whole report as data. `carried`: earlier results.json values of the CARRIED keys, plus any
     given anew (`minimised`: one line per minimised witness; `process`: how the run's process ended
-    when it died without finishing)."""
+    when it died without finishing). `decode`: the adapter's hook, for the text of each story."""
     data = analysis.to_json()
     for check in data["checks"].values():
         for f in check["failures"]:
@@ -67,108 +108,110 @@ def results_json(history: History, analysis: Analysis, witnesses: Mapping[str, P
     duration = history.duration_s if history.duration_s is not None else duration_s
     if duration is None:
         duration = carried.get("duration_s")
+    findings = findings_json(history, group(history, analysis), witnesses)
+    decoded = {**dict(carried.get("decoded") or {}), **decode_texts([f["story"] for f in findings], decode)}
     return {"run": meta, "examples": len(history.examples),
             "duration_s": None if duration is None else round(float(duration), 2),
             "finished": history.ended is not None, "interrupted": history.interrupted,
-            "minimised": dict(carried.get("minimised") or {}), "process": carried.get("process"), **data}
+            "minimised": dict(carried.get("minimised") or {}), "process": carried.get("process"), **data,
+            **results_part(history), "findings": findings, "decoded": decoded}
 
 
-def _failure_md(f: Failure, replay: str | None) -> list[str]:
-    w = f.witness
-    lines = [f"### [{f.check}] {f.title} — `{f.case_id}`", "",
-             f"severity **{f.severity}**, bug class **{f.bug_class}**", "", f.explanation, ""]
-    req = w.get("request")
-    if isinstance(req, Mapping):
-        lines.append(f"- prompt ({len(req.get('prompt', []))} tokens): `{req.get('prompt')}`")
-        lines.append(f"- identity: `{w.get('identity', req.get('identity'))}`, max_tokens {req.get('max_tokens')}, "
-                     f"stop_ids {req.get('stop_ids')}")
-    if "first_divergent_position" in w:
-        lines.append(f"- first divergent position {w['first_divergent_position']}: expected `{w.get('expected')}`, "
-                     f"got `{w.get('got')}`, baseline margin there `{w.get('baseline_margin')}`")
-    if w.get("expected_output") is not None:
-        lines.append(f"- expected output `{w['expected_output']}`")
-    if "output" in w:
-        lines.append(f"- got output `{w['output']}`")
-    if replay:
-        lines += ["", f"Replay: `{replay}`"]
-    return lines + [""]
+# --------------------------------------------------------------------------- report.md and report.html
+
+
+def _head(results: Mapping[str, Any]) -> list[Block]:
+    run = results["run"]
+    duration = "unknown time" if results["duration_s"] is None else f"{results['duration_s']} s"
+    out: list[Block] = [Heading(1, f"kvparity report: {run.get('engine')}")]
+    if not results["finished"]:
+        how = "INTERRUPTED" if results["interrupted"] else "INCOMPLETE"
+        out.append(Para(f"**{how}: this run did not finish** — the verdict is `error` unless a failure was found; "
+                        "the checks below read what was recorded."))
+    if results.get("process"):
+        cause = str(results["process"])
+        out.append(Para(f"**{cause[:1].upper() + cause[1:]}.**"))
+    n_find = len(results.get("findings", []))
+    missing = [s["name"] for s in results.get("situations", []) if s["relevant"] and not s["count"]]
+    out.append(Para(f"verdict **{results['verdict'].upper()}** (exit {results['exit_code']}), profile "
+                    f"`{run.get('profile')}`, seed `{run.get('seed')}`, {results['examples']} examples in {duration}, "
+                    f"near-ties {results['near_ties']}, findings {n_find}"
+                    + (f", relevant situations not reached: {', '.join(f'`{m}`' for m in missing)}" if missing else "")))
+    args = run.get("engine_args") or {}
+    if args:
+        out.append(Para("engine arguments: " + ", ".join(f"`{k}={v}`" for k, v in sorted(args.items()))))
+    out.append(Para(f"versions: `{json.dumps(run.get('versions', {}))}`"))
+    return out
+
+
+def _checks(results: Mapping[str, Any]) -> list[Block]:
+    listed: dict[str, list[str]] = {}
+    for fd in results.get("findings", []):
+        for c in fd["also_seen_by"]:
+            listed.setdefault(c, []).append(fd["check"])
+    rows = []
+    for name, c in results["checks"].items():
+        notes = list(c["notes"][:3])
+        elsewhere = sorted(set(listed.get(name, ())) - {name})
+        own = [fd for fd in results.get("findings", []) if fd["check"] == name]
+        if c["status"] == "fail" and elsewhere and not own:
+            notes.insert(0, f"its failures are listed under {', '.join(elsewhere)} (same root)")
+        rows.append([name, Cell(c["status"], "good" if c["status"] == "pass" else
+                                "bad" if c["status"] in ("fail", "error") else ""),
+                     c["bug_class"], c["title"], counts_text(c.get("stats", {})), "; ".join(notes)])
+    return [Heading(2, "Checks"), Figure(bar_chart(results["checks"]), ""),
+            Table(["check", "status", "class", "claim", "checked (the check's own counts)", "notes"], rows)]
+
+
+def _finding(k: int, fd: Mapping[str, Any], texts: Mapping[str, str], records: Mapping[str, Mapping]) -> Block:
+    times = f" (×{fd['count']}: identical findings folded)" if fd.get("count", 1) > 1 else ""
+    blocks: list[Block] = [
+        Heading(3, f"{k}. [{fd['check']}] {fd['title']} — `{fd['case_id']}`{times}", anchor=f"finding-{k}"),
+        Para(f"severity **{fd['severity']}**, bug class **{fd['bug_class']}**, example {fd['example']}"
+             + (f"; also seen by {', '.join(f'`{c}`' for c in fd['also_seen_by'])}" if fd["also_seen_by"] else "")),
+        Para(("" if fd.get("record_check", fd["check"]) == fd["check"] else f"`{fd['record_check']}` recorded: ")
+             + fd["explanation"])]
+    if fd.get("reasons"):
+        blocks.append(Bullets(fd["reasons"]))
+    blocks += story_blocks(fd["story"], texts, fd["check"], fd["witness"])
+    if fd.get("replay"):
+        blocks.append(Para(f"Replay: `{fd['replay']}`"))
+    others = [records[c] for c in fd.get("failures", []) if c != fd["case_id"] and c in records]
+    if others:
+        blocks.append(Para("Failure records folded into this finding (same root):"))
+        blocks.append(Bullets([f"[{r['check']}] {r['title']} — `{r['case_id']}`"
+                               + (f": `{r['replay']}`" if r.get("replay") else "") for r in others]))
+    return Section(blocks, "finding" + (" critical" if fd["severity"] == "critical" else ""))
+
+
+def report_blocks(results: Mapping[str, Any]) -> list[Block]:
+    """The whole report as blocks; report.md and report.html are two renderings of these."""
+    out = _head(results) + _checks(results)
+    if results["errors"]:
+        out += [Heading(2, "Engine errors"), Bullets(results["errors"])]
+    findings = results.get("findings", [])
+    if findings:
+        n_fail = sum(len(c["failures"]) for c in results["checks"].values())
+        out += [Heading(2, "Findings"),
+                Para(f"{len(findings)} finding(s) from {n_fail} failure record(s): failures about the same request "
+                     "are one finding, listed under the most specific check that saw it.")]
+        texts = results.get("decoded") or {}
+        records = {f["case_id"]: f for c in results["checks"].values() for f in c["failures"]}
+        out += [_finding(k, fd, texts, records) for k, fd in enumerate(findings, start=1)]
+    out += coverage_blocks(results)
+    if results["minimised"]:
+        out += [Heading(2, "Minimised witnesses (`--minimise`)"),
+                Bullets([f"`{check}`: {line}" for check, line in results["minimised"].items()])]
+    return out
 
 
 def report_md(results: Mapping[str, Any]) -> str:
-    run = results["run"]
-    duration = "unknown time" if results["duration_s"] is None else f"{results['duration_s']} s"
-    lines = [f"# kvparity report: {run.get('engine')}", ""]
-    if not results["finished"]:
-        how = "INTERRUPTED" if results["interrupted"] else "INCOMPLETE"
-        lines += [f"**{how}: this run did not finish** — the verdict is `error` unless a failure was found; "
-                  "the checks below read what was recorded.", ""]
-    lines += [f"verdict **{results['verdict'].upper()}** (exit {results['exit_code']}), profile `{run.get('profile')}`, "
-             f"seed `{run.get('seed')}`, {results['examples']} examples in {duration}, "
-             f"near-ties {results['near_ties']}", "",
-             f"versions: `{json.dumps(run.get('versions', {}))}`", "",
-             "| check | status | bug class | claim | notes |", "|---|---|---|---|---|"]
-    for name, c in results["checks"].items():
-        notes = "; ".join(c["notes"][:3]).replace("|", "/")
-        lines.append(f"| {name} | {c['status']} | {c['bug_class']} | {c['title']} | {notes} |")
-    if results["errors"]:
-        lines += ["", "## Engine errors", ""] + [f"- {e}" for e in results["errors"]]
-    failures = [(f, f.get("replay")) for c in results["checks"].values() for f in c["failures"]]
-    if failures:
-        lines += ["", "## Failures", ""]
-        for f, replay in failures:
-            lines += _failure_md(Failure.from_json(f), replay)
-    if results["minimised"]:
-        lines += ["", "## Minimised witnesses (`--minimise`)", ""]
-        lines += [f"- `{check}`: {line}" for check, line in results["minimised"].items()]
-    return "\n".join(lines) + "\n"
+    return to_md(report_blocks(results))
 
 
-def _svg(results: Mapping[str, Any]) -> str:
-    """A horizontal bar per check, coloured by status, with its comparison count — no JS, no libraries."""
-    rows = list(results["checks"].items())
-    width, bar_h = 640, 22
-    height = bar_h * (len(rows) + 1) + 10
-    counts = {n: max(int(c["stats"].get("compared", 0)) + int(c["stats"].get("pairs", 0))
-                     + int(c["stats"].get("results", 0)), 1) for n, c in rows}
-    top = max(counts.values(), default=1)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">']
-    for k, (name, c) in enumerate(rows):
-        y = 5 + k * bar_h
-        w = 20 + int(380 * counts[name] / top)
-        parts.append(f'<text x="0" y="{y + 15}" font-size="12">{html.escape(name)}</text>'
-                     f'<rect x="170" y="{y}" width="{w}" height="{bar_h - 4}" fill="{COLORS[c["status"]]}"/>'
-                     f'<text x="{175 + w}" y="{y + 15}" font-size="12">{c["status"]} '
-                     f'({counts[name]} checked, {c["stats"].get("near_ties", 0)} near-ties)</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def report_html(results: Mapping[str, Any], md: str) -> str:
-    run = results["run"]
-    rows = "".join(
-        f'<tr><td>{html.escape(n)}</td><td style="color:{COLORS[c["status"]]};font-weight:bold">{c["status"]}</td>'
-        f'<td>{c["bug_class"]}</td><td>{html.escape(c["title"])}</td>'
-        f'<td>{html.escape("; ".join(c["notes"][:3]))}</td></tr>' for n, c in results["checks"].items())
-    failures = "".join(
-        f'<div class="f"><h3>[{html.escape(f["check"])}] {html.escape(f["title"])} <code>{f["case_id"]}</code></h3>'
-        f'<p>{html.escape(f["explanation"])}</p><pre>{html.escape(json.dumps(f["witness"], indent=1))}</pre>'
-        f'<p>Replay: <code>{html.escape(f.get("replay", ""))}</code></p></div>'
-        for c in results["checks"].values() for f in c["failures"])
-    errors = "".join(f"<li>{html.escape(e)}</li>" for e in results["errors"])
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>kvparity: {html.escape(str(run.get('engine')))}</title>
-<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}td,th{{border-bottom:1px solid #ddd;padding:4px}}
-pre{{background:#f5f5f5;padding:8px;overflow:auto;max-height:30em}}.f{{border-left:4px solid #c62828;padding-left:1em}}</style>
-</head><body><h1>kvparity report: {html.escape(str(run.get('engine')))}</h1>
-<p>Verdict <b style="color:{COLORS.get(results['verdict'], '#000')}">{results['verdict'].upper()}</b>
-(exit {results['exit_code']}); profile {html.escape(str(run.get('profile')))}; seed {run.get('seed')};
-{results['examples']} examples in {results['duration_s']} s; near-ties {results['near_ties']}.</p>
-{'' if results['finished'] else '<p><b>' + ('INTERRUPTED' if results['interrupted'] else 'INCOMPLETE') + ': this run did not finish.</b> The checks read what was recorded.</p>'}
-{_svg(results)}
-<table><tr><th>check</th><th>status</th><th>class</th><th>claim</th><th>notes</th></tr>{rows}</table>
-{'<h2>Engine errors</h2><ul>' + errors + '</ul>' if errors else ''}
-{'<h2>Failures</h2>' + failures if failures else ''}
-</body></html>
-"""
+def report_html(results: Mapping[str, Any]) -> str:
+    """The same blocks as report.md, as one self-contained page (inline SVG, no scripts)."""
+    return page(f"kvparity: {results['run'].get('engine')}", report_blocks(results))
 
 
 def junit_xml(results: Mapping[str, Any]) -> str:
@@ -218,17 +261,19 @@ def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) 
 
 
 def write_report(run_dir: Path, history: History, analysis: Analysis, duration_s: float | None = None,
-                 **carried: Any) -> dict:
+                 decode: Callable[[list[int]], str] | None = None, **carried: Any) -> dict:
     """Write every report file into `run_dir` (history.jsonl is already there) and return results. The
     one writer of every report file: a later addition (minimised witnesses) rewrites the report through
-    here, and re-analysis keeps what the history cannot give back (`CARRIED`)."""
+    here, and re-analysis keeps what the history cannot give back (`CARRIED`). `decode`: the adapter's
+    optional hook (token ids -> text); the text it gives is kept in results.json and the witnesses."""
     run_dir = Path(run_dir)
-    witnesses = write_witnesses(run_dir, history, analysis)
+    paths = {f.case_id: witness_path(run_dir, f) for f in analysis.failures}
     carried = {**previous_results(run_dir), **{k: v for k, v in carried.items() if v is not None}}
-    results = results_json(history, analysis, witnesses, duration_s, carried)
+    results = results_json(history, analysis, paths, duration_s, carried, decode)
+    write_witnesses(run_dir, history, analysis, results["decoded"])
     (run_dir / "results.json").write_text(json.dumps(results, indent=1))
-    md = report_md(results)
-    (run_dir / "report.md").write_text(md)
-    (run_dir / "report.html").write_text(report_html(results, md))
+    blocks = report_blocks(results)
+    (run_dir / "report.md").write_text(to_md(blocks))
+    (run_dir / "report.html").write_text(page(f"kvparity: {results['run'].get('engine')}", blocks))
     (run_dir / "junit.xml").write_text(junit_xml(results))
     return results

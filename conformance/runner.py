@@ -30,6 +30,7 @@ from conformance.checks import CHECKS
 from conformance.contract import Capabilities, Engine, EngineError, Introspectable, Request, Result, UsageError
 from conformance.history import HistoryBuilder, HistoryWriteError, HistoryWriter, parse
 from conformance.oracle import Oracle
+from conformance.progress import Progress
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
 from conformance.verdicts import CheckResult, Failure
 
@@ -244,11 +245,13 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
               report_dir: str | os.PathLike[str] = DEFAULT_REPORT_DIR, seed: int | None = None,
               max_examples: int | None = None, timeout_s: float = 300.0,
               database_dir: str | os.PathLike[str] | None = None, shrink: bool = True,
-              run_dir: str | os.PathLike[str] | None = None, calls: EngineCalls | None = None) -> RunOutcome:
+              run_dir: str | os.PathLike[str] | None = None, calls: EngineCalls | None = None,
+              progress: Progress | None = None) -> RunOutcome:
     """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/` (or `run_dir`).
 
     Fail closed: an engine error, a history that cannot be written and a Ctrl-C all end the run with
-    what was recorded kept and analysed; only a run that wrote its `run_end` can pass."""
+    what was recorded kept and analysed; only a run that wrote its `run_end` can pass. `progress`:
+    told of every history event and finished example (`kvparity run` without `-q`)."""
     from conformance.report import write_report
 
     names = select_checks(checks)
@@ -258,7 +261,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     started = time.monotonic()
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(report_dir, engine_name)
     builder = HistoryBuilder()  # the run's one History, growing as its events are written
-    writer = HistoryWriter(run_dir / "history.jsonl", sink=builder.feed)
+    sink = builder.feed if progress is None else (lambda ev: (builder.feed(ev), progress.event(ev)))
+    writer = HistoryWriter(run_dir / "history.jsonl", sink=sink)
     known: dict[int, dict[str, Any]] = {}  # example -> check -> result, computed once while running
     example_scoped = [n for n in names if CHECKS[n].scope == "example"]
     examples = 0
@@ -278,6 +282,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
             overrides["derandomize"] = False
         if not shrink:  # faster when only the verdict matters (the suite's own tests)
             overrides["phases"] = tuple(p for p in _PHASES if p is not Phase.shrink)
+        if progress is not None:
+            progress.start(max_examples if max_examples is not None else base_settings.max_examples)
 
         @settings(base_settings, **overrides)
         @given(scenarios(caps, max_steps=PROFILES[profile]))
@@ -293,6 +299,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
             verdicts = example_verdicts(builder.history, example, names)
             known[example.index] = {n: verdicts[n] for n in example_scoped}
             failures = failures_of(verdicts)
+            if progress is not None:
+                progress.example(examples, (f.check for f in failures))
             if failures:
                 raise ConformanceFailure(failures)
 
@@ -322,13 +330,15 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         writer.close()
         if own_calls:
             calls.close()
+        if progress is not None:
+            progress.finish()
     history = builder.history
     if writer.write_error and writer.write_error not in history.errors:
         history.errors.append(writer.write_error)
     analysis = analyse(history, names, known)
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned)
     try:
-        write_report(run_dir, history, analysis, duration_s=outcome.duration_s)
+        write_report(run_dir, history, analysis, duration_s=outcome.duration_s, decode=getattr(engine, "decode", None))
     except OSError as exc:
         outcome.report_error = f"cannot write the report in {run_dir}: {exc}"
     return outcome

@@ -1,0 +1,211 @@
+"""Failures grouped by root: one request's wrong answer is one finding, listed under the most specific
+check that explains it, with the other checks that saw it as "also seen by".
+
+One bug trips several checks: a rejected draft committed into the output is a parity failure, a
+speculation failure, an eviction-epoch failure when the pool happened to evict, and — when another
+identity had sent the same prefix first — an isolation failure, which is *critical*. Listing it four
+times, and as a cross-tenant leak, sends an engine developer after the wrong mechanism. So:
+
+- **one root, one finding.** Failures about the same request of the same example (same batch, same
+  request id) are one finding: a request has one output, and every check that objects to it objects
+  to that output. Failures about a batch's pool (rollback hygiene) are keyed by the batch.
+- **which checks saw it is decided from the history**, not only from the failures kept: a check keeps
+  one failure per title, so the parity failure of *this* request may have been folded into another
+  example's. Where the request's output differs from plain decoding, the checks that compare it
+  against plain decoding by definition (parity always; the single-mechanism independence check when
+  exactly one mechanism was in play; eviction safety in an epoch that evicted) saw it too.
+- **the most specific check is the one whose claim the mechanism in play belongs to** (`ORDER`), and
+  isolation only where the history shows reuse across identities: the request reported more cached
+  tokens than its own identity's earlier traffic explains (or reports no count at all). A request that
+  diverges the same way with no cross-identity reuse is not an isolation bug, whatever else it is.
+- **identical findings fold** (listed under the same check; same identity, prompt and divergence, in
+  different examples) with a count.
+
+Nothing here changes a verdict: the per-check statuses and the exit code are the analysis'.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from attrs import frozen
+
+from conformance.analysis import Analysis
+from conformance.checks import CHECKS
+from conformance.checks.common import batch_evicted, is_cross_identity_attempt, mechanisms
+from conformance.history import BatchRecord, Example, History
+from conformance.oracle import DIVERGE, FINISH, compare
+from conformance.timeline import Line, find_line, timeline
+from conformance.verdicts import FAIL, Failure
+
+# Most specific first. A speculation, cache, eviction or schedule check names the mechanism; parity
+# says only that the output is wrong; `exercised`'s positive control says only that nothing was reused.
+ORDER = ("rollback_hygiene", "isolation", "prefix_only", "spec_independence", "history_independence",
+         "eviction_safety", "schedule_independence", "accounting", "parity", "exercised")
+_SINGLE = {"cache": "history_independence", "spec": "spec_independence", "schedule": "schedule_independence"}
+
+
+@frozen
+class Finding:
+    """One root, listed under `check` (the most specific check that saw it); `failure` is the record
+    shown (that check's own where it kept one, else the most specific reporter's); `seen_by` every check
+    that saw it, `check` first; `count` how many identical findings were folded into this one; `reasons`
+    why it is listed where it is."""
+
+    check: str
+    title: str
+    failure: Failure
+    seen_by: tuple[str, ...]
+    failures: tuple[Failure, ...]
+    count: int = 1
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def also_seen_by(self) -> tuple[str, ...]:
+        return self.seen_by[1:]
+
+    @property
+    def severity(self) -> str:
+        return CHECKS[self.check].severity.value if self.check in CHECKS else self.failure.severity.value
+
+    @property
+    def bug_class(self) -> str:
+        return self.failure.bug_class if self.failure.check == self.check else CHECKS[self.check].bug_class
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.check, "title": self.title, "severity": self.severity, "bug_class": self.bug_class,
+                "case_id": self.failure.case_id, "example": self.failure.example,
+                "also_seen_by": list(self.also_seen_by), "count": self.count, "reasons": list(self.reasons),
+                "failures": [f.case_id for f in self.failures]}
+
+
+def root_key(f: Failure) -> tuple:
+    """What a failure is about: (example, batch, request id) — or (example, batch) for a pool."""
+    w = f.witness
+    req = w.get("request")
+    rid = req.get("id") if isinstance(req, Mapping) else None
+    if rid is None:
+        return (f.example, w.get("batch"), None, f.check, f.title)
+    return (f.example, w.get("batch"), rid)
+
+
+def _example(history: History, index: int) -> Example | None:
+    for ex in history.examples:
+        if ex.index == index:
+            return ex
+    return None
+
+
+def _record(ex: Example, batch: Any) -> BatchRecord | None:
+    return ex.batches[batch] if isinstance(batch, int) and 0 <= batch < len(ex.batches) else None
+
+
+def _epoch_evicted(ex: Example, b: BatchRecord) -> bool:
+    """Did a batch of this cache epoch and configuration, up to and including `b`, evict?"""
+    return any(batch_evicted(x) for x in ex.batches[: b.index + 1] if (x.epoch, x.segment) == (b.epoch, b.segment))
+
+
+def cross_identity_reuse(line: Line | None) -> bool | None:
+    """Did the engine serve this request KV beyond its own identity's earlier traffic? None: it does not
+    report cached tokens, so the history cannot tell."""
+    if line is None or line.cached_tokens is None:
+        return None
+    return line.cached_tokens > line.same.tokens
+
+
+def implied_checks(history: History, f: Failure, chosen: Iterable[str]) -> set[str]:
+    """The checks that, by their definition, object to this request's output as well: it differs from
+    plain decoding, so parity does; so does the independence check of the one mechanism in play, and
+    eviction safety in an evicting epoch; isolation where another identity had sent its prefix first."""
+    w = f.witness
+    ex = _example(history, f.example)
+    b = _record(ex, w.get("batch")) if ex is not None else None
+    i = w.get("position_in_batch")
+    if b is None or not isinstance(i, int) or not 0 <= i < len(b.results):
+        return set()
+    q, r = b.requests[i], b.results[i]
+    base = history.baseline_for(q)
+    if base is None or r.finish_reason == "abort":
+        return set()
+    if compare(base, r.output, r.finish_reason, history.tolerance).kind not in (DIVERGE, FINISH):
+        return set()
+    out = {"parity"}
+    active = mechanisms(b, r)
+    if len(active) == 1:
+        out.add(_SINGLE[next(iter(active))])
+    if _epoch_evicted(ex, b):
+        out.add("eviction_safety")
+    line = find_line(timeline(ex), b.index, q.id)
+    if line is not None and is_cross_identity_attempt(line.same.tokens, line.other.tokens, history.capabilities):
+        out.add("isolation")
+    return out & set(chosen)
+
+
+def _eligible(check: str, failures: Sequence[Failure], line: Line | None) -> bool:
+    """May `check` head the finding? Isolation only with evidence of reuse across identities."""
+    if check != "isolation":
+        return True
+    for f in failures:  # the count check's own evidence: more cached than own identity, within another's
+        w = f.witness
+        if f.check == "isolation" and isinstance(w.get("shared_other_identity"), int):
+            if w["shared_same_identity"] < w["cached_tokens"] <= w["shared_other_identity"]:
+                return True
+    return cross_identity_reuse(line) is not False
+
+
+def _rank(check: str) -> int:
+    return ORDER.index(check) if check in ORDER else len(ORDER)
+
+
+def _root(history: History, failures: list[Failure], chosen: Sequence[str]) -> Finding:
+    reporters = list(dict.fromkeys(f.check for f in failures))
+    seen = set(reporters)
+    for f in failures:
+        seen |= implied_checks(history, f, chosen)
+    ex = _example(history, failures[0].example)
+    w = failures[0].witness
+    req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
+    line = find_line(timeline(ex), w.get("batch"), req.get("id")) if ex is not None else None
+    ordered = sorted(seen, key=lambda c: (not _eligible(c, failures, line), _rank(c)))
+    check = ordered[0]
+    own = [f for f in failures if f.check == check]
+    shown = own[0] if own else min(failures, key=lambda f: (not _eligible(f.check, failures, line), _rank(f.check)))
+    title = shown.title if own else f"output differs from plain greedy decoding ({check}: {CHECKS[check].title})"
+    reasons = []
+    if "isolation" in seen and check != "isolation":
+        why = ("the engine reported no more cached tokens than its own identity's earlier traffic explains"
+               if cross_identity_reuse(line) is False else "no reuse across identities was seen")
+        reasons.append(f"not listed under isolation: {why}, so another identity's KV did not cause it")
+    if not own:
+        reasons.append(f"{check} compares this request by definition; the failure it kept (one per title) is "
+                       f"another example's")
+    return Finding(check, title, shown, tuple(ordered), tuple(failures), 1, tuple(reasons))
+
+
+def _signature(f: Finding) -> tuple:
+    w = f.failure.witness
+    req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
+    return (f.check, req.get("identity") and str(req.get("identity")), str(req.get("prompt")),
+            w.get("first_divergent_position"), w.get("expected"), w.get("got"), w.get("cached_tokens"))
+
+
+def group(history: History, analysis: Analysis) -> list[Finding]:
+    """The run's failures as findings, most severe and most specific first."""
+    chosen = [n for n, r in analysis.checks.items() if r.status != "skip"]
+    failed = {n for n, r in analysis.checks.items() if r.status == FAIL}
+    roots: dict[tuple, list[Failure]] = {}
+    for f in analysis.failures:
+        roots.setdefault(root_key(f), []).append(f)
+    findings = [_root(history, fs, [c for c in chosen if c in failed or c in {x.check for x in fs}])
+                for fs in roots.values()]
+    folded: dict[tuple, Finding] = {}
+    for fd in findings:
+        sig = _signature(fd)
+        if sig in folded:
+            old = folded[sig]
+            folded[sig] = Finding(old.check, old.title, old.failure, tuple(dict.fromkeys(old.seen_by + fd.seen_by)),
+                                  old.failures + fd.failures, old.count + fd.count, old.reasons)
+        else:
+            folded[sig] = fd
+    severity = {"critical": 0, "high": 1, "medium": 2, "low": 3}
+    return sorted(folded.values(), key=lambda fd: (severity.get(fd.severity, 9), _rank(fd.check), fd.failure.example))
