@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY    := $(VENV)/bin/python
 EXTRAS ?= dev
 
-.PHONY: setup run test reports reports-fault-zoo reports-economics
+.PHONY: setup chromium run test reports reports-fault-zoo reports-economics
 setup: $(VENV)/.kvparity-installed
 
 $(VENV)/.kvparity-installed: pyproject.toml
@@ -14,12 +14,24 @@ $(VENV)/.kvparity-installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@$(MAKE) --no-print-directory chromium
 	touch $@
+
+# Headless Chromium for tests/test_report_browser.py (report.html in a real browser). Installed only
+# where that is ours to do — root with apt-get (CI's container) — and never fatal: without it the
+# browser test is skipped and says why.
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } || \
+	  echo "chromium not installed: tests/test_report_browser.py will be skipped"; \
+	else echo "no chromium (needs root and apt-get to install): tests/test_report_browser.py will be skipped"; fi
 
 run: setup
 	$(VENV)/bin/kvparity run --engine reference --profile ci
 
-test: setup
+test: setup chromium
 	$(PY) -m pytest -n 2 -q tests
 
 # Regenerating the committed reports is explicit: user runs of `kvparity fault-zoo` / `kvparity bench`
