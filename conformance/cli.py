@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                      help="seconds per engine call (construction and close included) before it counts as hung")
     run.add_argument("--no-shrink", action="store_true", help="report the first failing example unshrunk (faster)")
+    run.add_argument("--calibration", default=None, metavar="FILE",
+                     help="a `kvparity calibrate` file: its measured tau replaces the adapter's declared one, and "
+                          "features are flagged against its plain near-tie rate (none: the declared tau)")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="no progress line (by default: live on a terminal, every tenth of the examples in a log)")
     run.add_argument("--minimise", action="store_true",
@@ -168,7 +171,7 @@ def close_engine(engine: Any, timeout_s: float) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace, session: Session) -> int:
-    from conformance import status
+    from conformance import numerics, status
     from conformance.analysis import select_checks
     from conformance.progress import Progress
     from conformance.report import print_summary
@@ -178,6 +181,7 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     engine_args = parse_engine_args(args.engine_arg)
     checks = select_checks([c for c in args.checks.split(",") if c.strip()])
     profile_settings(args.profile)
+    calibration = numerics.load_calibration(args.calibration) if args.calibration else None
     report_dir = writable_folder(args.report_dir, "--report-dir")
     resolve(args.engine)  # an unknown engine is a usage error before anything is built
     engine = build_engine(args.engine, engine_args, args.timeout)
@@ -186,6 +190,8 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     outcome = run_suite(engine, engine_name=args.engine, engine_args=engine_args, profile=args.profile,
                         checks=checks, run_dir=run_dir, seed=args.seed, max_examples=args.max_examples,
                         timeout_s=args.timeout, shrink=not args.no_shrink,
+                        tolerance=calibration.tau if calibration else None,
+                        calibration=calibration.path if calibration else None,
                         progress=None if args.quiet else Progress())
     session.hard_exit = outcome.abandoned or outcome.interrupted
     print_summary(outcome.analysis, outcome.run_dir, args.engine)
@@ -200,6 +206,7 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
         from conformance.report import write_report
 
         write_report(outcome.run_dir, load(outcome.run_dir / "history.jsonl"), outcome.analysis, minimised=minimised)
+    numerics_summary(outcome.run_dir, calibration)
     a = outcome.analysis
     word = "INTERRUPTED" if outcome.interrupted else a.verdict.upper()
     print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
@@ -211,6 +218,22 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
         print(f"ERROR: {closed}")
         return max(outcome.exit_code, EXIT_USAGE) if outcome.exit_code != EXIT_INTERRUPTED else outcome.exit_code
     return outcome.exit_code
+
+
+def numerics_summary(run_dir: Path, calibration: Any) -> None:
+    """Near-ties by margin band and feature, and the features flagged for flipping near-ties more often
+    than plain mode (conformance.numerics): printed and written as numerics.json beside the report."""
+    from conformance import numerics
+    from conformance.history import load
+
+    try:
+        summary = numerics.summarise(load(run_dir / "history.jsonl"), calibration)
+        (run_dir / "numerics.json").write_text(json.dumps(summary, indent=1))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"numerics: not summarised ({type(exc).__name__}: {exc})")
+        return
+    for line in numerics.summary_lines(summary):
+        print(line)
 
 
 def minimise_failures(outcome: Any, new_engine: Callable[[], Any], timeout_s: float,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import attrs
 from attrs import define
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -219,6 +220,8 @@ def versions(caps: Capabilities) -> dict[str, str]:
     from importlib import metadata
 
     out = {"python": platform.python_version(), "engine": caps.version}
+    if caps.oracle:  # which oracle judged: the report's versions line names it
+        out["oracle"] = caps.oracle
     for dist in ("kvparity", "hypothesis"):
         try:
             out[dist] = metadata.version(dist)
@@ -246,6 +249,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
               max_examples: int | None = None, timeout_s: float = 300.0,
               database_dir: str | os.PathLike[str] | None = None, shrink: bool = True,
               run_dir: str | os.PathLike[str] | None = None, calls: EngineCalls | None = None,
+              tolerance: float | None = None, calibration: str | None = None,
               progress: Progress | None = None) -> RunOutcome:
     """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/` (or `run_dir`).
 
@@ -269,8 +273,10 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     interrupted = False
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
+        if tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
+            caps = attrs.evolve(caps, tolerance=tolerance)
         writer.append("run_start", engine=engine_name, engine_args=dict(engine_args or {}), capabilities=caps,
-                      versions=versions(caps), seed=seed, profile=profile, checks=names)
+                      versions=versions(caps), seed=seed, profile=profile, checks=names, calibration=calibration)
         oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
         runner = ScenarioRunner(engine, writer, oracle, caps, calls=calls)
         db = DirectoryBasedExampleDatabase(str(Path(database_dir or ".hypothesis") / "kvparity" /

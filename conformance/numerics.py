@@ -1,0 +1,235 @@
+"""The numerical noise floor: what a calibration file says, and how a run's near-ties are read against it.
+
+In bf16/fp16 plain decoding is not batch-invariant: the same request alone and in a batch of others gives
+logits that differ in the last bits, and where the top-1/top-2 margin is smaller than that difference the
+argmax flips. A flip there is numerics, not a KV-reuse bug; a flip at a margin well above it is a bug. So
+tau — the margin below which a divergence counts as a near-tie — is *measured*: `kvparity calibrate`
+(adapters/commands/calibrate.py) runs plain mode against itself under different batch compositions and
+positions, and against the oracle, and records the distribution of margin differences; tau is a
+distribution-free upper confidence bound on a high quantile of it (`quantile_bound`).
+
+Near-ties are never silently passed: a run's near-ties are counted by margin band, per feature (a value of
+a configuration knob), and a feature whose near-tie rate is significantly above plain mode's own is
+flagged (`feature_flags`): a numerics bug that only ever flips near-ties stays visible. The test is a
+one-sided exact binomial test of the feature's near-tie count, over the decoding steps it compared,
+against plain mode's per-step flip rate from the calibration file (plain decoding alone and in batches,
+against the oracle), or, without a calibration, a one-sided Fisher exact test against the run's own plain
+configuration (every knob at its first value); alpha 0.01, Bonferroni-corrected over the features tested.
+
+Pure functions over data (a history, a calibration file); imports no engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from attrs import frozen
+
+from conformance.contract import UsageError
+
+CALIBRATION_VERSION = 1
+ALPHA = 0.01
+BANDS = (1e-3, 1e-2, 1e-1, 1.0)  # near-tie margin bands: [0, 1e-3), [1e-3, 1e-2), ... [1, tau)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), exactly (sums in log space; n is at most a few thousand)."""
+    if k <= 0:
+        return 1.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    total = 0.0
+    for i in range(k, n + 1):
+        total += math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                          + i * math.log(p) + (n - i) * math.log1p(-p))
+    return min(1.0, total)
+
+
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p)."""
+    return 1.0 - binom_sf(k + 1, n, p)
+
+
+def fisher_greater(a: int, n1: int, b: int, n2: int) -> float:
+    """One-sided Fisher exact p-value that rate a/n1 exceeds rate b/n2 (hypergeometric upper tail)."""
+    total, k = n1 + n2, a + b
+    if k == 0:
+        return 1.0
+
+    def log_comb(n: int, r: int) -> float:
+        return math.lgamma(n + 1) - math.lgamma(r + 1) - math.lgamma(n - r + 1)
+
+    denom = log_comb(total, k)
+    return min(1.0, sum(math.exp(log_comb(n1, i) + log_comb(n2, k - i) - denom)
+                        for i in range(a, min(n1, k) + 1)))
+
+
+@frozen
+class Bound:
+    """A distribution-free upper confidence bound on the `quantile` of a sample: the smallest order
+    statistic X_(r) with P(X_(r) >= true quantile) >= `confidence`, i.e. the smallest r with
+    P(Binomial(n, q) <= r - 1) >= confidence. Where no r <= n qualifies the sample is too small for that
+    claim, and the bound is the sample maximum, said so (`exact` False)."""
+
+    value: float
+    rank: int  # r (1-based) of the order statistic used
+    n: int
+    quantile: float
+    confidence: float
+    exact: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": self.value, "rank": self.rank, "n": self.n, "quantile": self.quantile,
+                "confidence": self.confidence, "distribution_free": self.exact}
+
+
+def quantile_bound(sample: Sequence[float], quantile: float, confidence: float) -> Bound:
+    xs = sorted(float(x) for x in sample)
+    n = len(xs)
+    if n == 0:
+        return Bound(0.0, 0, 0, quantile, confidence, False)
+    for r in range(max(1, math.floor(quantile * n)), n + 1):
+        if binom_cdf(r - 1, n, quantile) >= confidence:
+            return Bound(xs[r - 1], r, n, quantile, confidence, True)
+    return Bound(xs[-1], n, n, quantile, confidence, False)
+
+
+# --------------------------------------------------------------------------- calibration files
+
+
+@frozen
+class Calibration:
+    path: str
+    engine: str
+    engine_args: Mapping[str, str]
+    tau: float
+    plain_flips: int  # plain-mode outputs (alone and in batches) that diverged from the oracle
+    plain_steps: int  # decoding steps compared to find them (up to and including each divergence)
+    data: Mapping[str, Any]
+
+    @property
+    def plain_rate(self) -> float:
+        """Near-tie flips per compared step: a hazard, comparable across requests of any length."""
+        return self.plain_flips / self.plain_steps if self.plain_steps else 0.0
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """A file `kvparity calibrate` wrote; anything else is a one-line UsageError."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if data.get("kvparity_calibration") != CALIBRATION_VERSION:
+            raise ValueError(f"format version {data.get('kvparity_calibration')!r}, this kvparity reads "
+                             f"{CALIBRATION_VERSION}")
+        tau = float(data["tau"])
+        plain = data["plain_near_ties"]
+        cal = Calibration(str(path), str(data["engine"]), dict(data.get("engine_args") or {}), tau,
+                          int(plain["flips"]), int(plain["steps"]), data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"--calibration {path}: not a kvparity calibration file ({exc})") from None
+    if not math.isfinite(cal.tau) or cal.tau < 0:
+        raise UsageError(f"--calibration {path}: tau {cal.tau!r} is not a finite number >= 0")
+    return cal
+
+
+# --------------------------------------------------------------------------- a run's near-ties
+
+
+def band_of(margin: float | None) -> str:
+    if margin is None:
+        return "unknown"
+    lo = 0.0
+    for edge in BANDS:
+        if margin < edge:
+            return f"[{lo:g}, {edge:g})"
+        lo = edge
+    return f">= {BANDS[-1]:g}"
+
+
+def feature_of(config: Mapping[str, Any], space: Mapping[str, Sequence[Any]]) -> str:
+    """The feature a result ran under: its knobs that differ from their first (plain-most) value, or
+    "plain" when none does."""
+    changed = [f"{k}={config[k]}" for k in sorted(config)
+               if k in space and space[k] and str(config[k]) != str(space[k][0])]
+    return ",".join(changed) or "plain"
+
+
+def steps_compared(c: Any, baseline_length: int) -> int:
+    """Decoding steps a comparison looked at: up to and including the first difference, else all."""
+    return baseline_length if c.position is None else c.position + 1
+
+
+def near_ties(history: Any) -> dict[str, Any]:
+    """Per feature: results compared with the oracle, the decoding steps compared, near-ties among them,
+    and near-ties by margin band of the baseline at the flip — the same tie-aware comparison the parity
+    check makes."""
+    from conformance.oracle import NEAR_TIE, compare
+
+    caps = history.capabilities
+    space = dict(caps.config_space) if caps else {}
+    per: dict[str, dict[str, Any]] = {}
+    for record in history.batches():
+        feature = feature_of(record.config, space)
+        row = per.setdefault(feature, {"compared": 0, "steps": 0, "near_ties": 0, "bands": {}})
+        for q, r in zip(record.requests, record.results):
+            base = history.baseline_for(q)
+            if base is None or r.finish_reason == "abort":
+                continue
+            c = compare(base, r.output, r.finish_reason, history.tolerance)
+            row["compared"] += 1
+            row["steps"] += steps_compared(c, len(base.output))
+            if c.kind == NEAR_TIE:
+                row["near_ties"] += 1
+                band = band_of(c.margin)
+                row["bands"][band] = row["bands"].get(band, 0) + 1
+    return per
+
+
+def feature_flags(per: Mapping[str, Mapping[str, Any]], calibration: Calibration | None = None,
+                  alpha: float = ALPHA) -> list[dict[str, Any]]:
+    """Features whose near-tie rate is significantly above plain mode's (see the module docstring)."""
+    tested = [f for f in per if f != "plain" and per[f]["steps"]]
+    plain = per.get("plain", {"steps": 0, "near_ties": 0})
+    if not tested or (calibration is None and not plain["steps"]):
+        return []
+    level = alpha / len(tested)
+    flags = []
+    for f in tested:
+        k, n = int(per[f]["near_ties"]), int(per[f]["steps"])
+        if calibration is not None:
+            p = binom_sf(k, n, calibration.plain_rate)
+            test = f"binomial vs the calibrated plain rate {calibration.plain_flips}/{calibration.plain_steps} steps"
+        else:
+            p = fisher_greater(k, n, int(plain["near_ties"]), int(plain["steps"]))
+            test = f"Fisher exact vs this run's plain {plain['near_ties']}/{plain['steps']} steps"
+        if p < level:
+            flags.append({"feature": f, "near_ties": k, "steps": n, "p_value": p, "test": test,
+                          "alpha": alpha, "bonferroni_level": level})
+    return flags
+
+
+def summarise(history: Any, calibration: Calibration | None = None) -> dict[str, Any]:
+    per = near_ties(history)
+    return {"oracle": history.oracle, "tau": history.tolerance,
+            "calibration": calibration.path if calibration else None,
+            "features": per, "flags": feature_flags(per, calibration), "alpha": ALPHA}
+
+
+def summary_lines(summary: Mapping[str, Any]) -> Iterable[str]:
+    src = f"calibrated, {summary['calibration']}" if summary["calibration"] else "declared by the adapter"
+    yield f"oracle: {summary['oracle'] or 'not named by the adapter'}; tau {summary['tau']:g} ({src})"
+    for f, row in sorted(summary["features"].items()):
+        if row["near_ties"]:
+            bands = ", ".join(f"{b}: {c}" for b, c in sorted(row["bands"].items()))
+            yield f"  near-ties {f}: {row['near_ties']} in {row['steps']} steps of {row['compared']} results ({bands})"
+    for flag in summary["flags"]:
+        yield (f"FLAG: {flag['feature']} flips near-ties significantly more often than plain mode: "
+               f"{flag['near_ties']} in {flag['steps']} steps, p = {flag['p_value']:.2g} < {flag['bonferroni_level']:.2g} "
+               f"({flag['test']}; alpha {flag['alpha']}, Bonferroni)")

@@ -1,0 +1,142 @@
+"""`kvparity calibrate` measures a noise floor that `kvparity run --calibration` uses; the statistics behind
+tau (a distribution-free quantile bound) and behind the near-tie flag (exact binomial / Fisher tests) are
+right, and each decision is shown both ways."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conformance import numerics
+from conformance.contract import Baseline, UsageError
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("k, n, p", [(0, 10, 0.3), (3, 10, 0.3), (10, 10, 0.3), (5, 1000, 0.001), (40, 3000, 0.01)])
+def test_binomial_tail_is_exact(k, n, p):
+    assert numerics.binom_sf(k, n, p) == pytest.approx(scipy_stats.binom.sf(k - 1, n, p), rel=1e-9, abs=1e-300)
+
+
+@pytest.mark.parametrize("a, n1, b, n2", [(10, 100, 0, 1000), (1, 100, 1, 100), (0, 50, 3, 60), (7, 400, 2, 900)])
+def test_fisher_upper_tail_is_exact(a, n1, b, n2):
+    _, p = scipy_stats.fisher_exact([[a, n1 - a], [b, n2 - b]], alternative="greater")
+    assert numerics.fisher_greater(a, n1, b, n2) == pytest.approx(p, rel=1e-9)
+
+
+def test_quantile_bound_is_an_order_statistic_with_the_stated_coverage():
+    sample = [i / 3000 for i in range(3000)]
+    b = numerics.quantile_bound(sample, 0.99, 0.95)
+    assert b.exact and b.rank < 3000 and b.value == sample[b.rank - 1]
+    assert numerics.binom_cdf(b.rank - 1, 3000, 0.99) >= 0.95 > numerics.binom_cdf(b.rank - 2, 3000, 0.99)
+    small = numerics.quantile_bound(sample[:100], 0.999, 0.95)  # 100 samples cannot bound the 0.999 quantile
+    assert not small.exact and small.value == max(sample[:100])
+
+
+def test_a_feature_flipping_near_ties_more_often_than_plain_is_flagged_and_an_equal_one_is_not():
+    per = {"plain": {"steps": 2000, "near_ties": 1}, "mode=batch": {"steps": 400, "near_ties": 9},
+           "mode=assisted": {"steps": 400, "near_ties": 0}}
+    flags = numerics.feature_flags(per)
+    assert [f["feature"] for f in flags] == ["mode=batch"] and flags[0]["bonferroni_level"] == 0.005
+    cal = numerics.Calibration("x", "e", {}, 0.1, plain_flips=9, plain_steps=400, data={})
+    assert numerics.feature_flags(per, cal) == []  # a plain rate that high explains 9/400
+
+
+def test_features_are_the_knobs_away_from_their_first_value():
+    space = {"mode": ("generate", "batch"), "k": (1, 3)}
+    assert numerics.feature_of({"mode": "generate", "k": 1}, space) == "plain"
+    assert numerics.feature_of({"mode": "batch", "k": 1}, space) == "mode=batch"
+    assert numerics.band_of(5e-4) == "[0, 0.001)" and numerics.band_of(0.05) == "[0.01, 0.1)"
+
+
+def test_compare_runs_takes_the_signed_margin_across_a_flip():
+    from adapters.commands.calibrate import compare_runs
+
+    a = Baseline([5, 6, 7], "length", [0.5, 0.1, 0.3], [9, 8, 9])
+    same = Baseline([5, 6, 7], "length", [0.4, 0.1, 0.3], [9, 8, 9])
+    flip = Baseline([5, 8, 7], "length", [0.5, 0.05, 0.3], [9, 6, 9])
+    assert compare_runs(a, same) == (pytest.approx([0.1, 0.0, 0.0]), None)
+    deltas, f = compare_runs(a, flip)
+    assert deltas == pytest.approx([0.0, 0.15]) and f["position"] == 1 and f["got"] == 8
+
+
+@pytest.mark.parametrize("content", ["not json", json.dumps({"kvparity_calibration": 99, "tau": 1}),
+                                     json.dumps({"kvparity_calibration": 1, "tau": -1, "engine": "e",
+                                                 "plain_near_ties": {"flips": 0, "steps": 1}})])
+def test_a_file_that_is_not_a_calibration_is_a_usage_error(tmp_path, content):
+    path = tmp_path / "c.json"
+    path.write_text(content)
+    with pytest.raises(UsageError):
+        numerics.load_calibration(path)
+
+
+# --------------------------------------------------------------------------- the command, end to end
+
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random-init Llama saved by transformers (nothing downloaded), big enough logits to have margins."""
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2,
+                                      bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=256)
+    folder = tmp_path_factory.mktemp("cal") / "tiny-llama"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def _calibrate(tiny, tmp_path, dtype: str):
+    from adapters.commands.calibrate import main
+
+    out = tmp_path / f"{dtype}.json"
+    code = main(["--engine", "transformers", "--engine-arg", f"model={tiny}", "--engine-arg", f"dtype={dtype}",
+                 "--prompts", "8", "--max-tokens", "6", "--batch-sizes", "2,4", "--out", str(out)])
+    assert code == 0
+    return out, json.loads(out.read_text())
+
+
+def test_calibrate_measures_bf16_noise_and_float64_none(tiny, tmp_path):
+    _, f64 = _calibrate(tiny, tmp_path, "float64")
+    _, bf16 = _calibrate(tiny, tmp_path, "bfloat16")
+    # float64 weights, but transformers computes RoPE in float32 and hands float32 logits: ~1e-6, not 1e-13
+    assert f64["tau"] < 1e-4 < 1e-2 < bf16["tau"] and f64["sources"]["batch"]["max"] < 1e-5
+    assert bf16["sources"]["batch"]["n"] > 0 and bf16["sources"]["oracle"]["max"] > 1e-4
+    assert bf16["capabilities"]["oracle"] == "reference (float64)" and bf16["method"]["quantile"] == 0.999
+
+
+def test_run_with_a_calibration_uses_its_tau_and_writes_the_near_tie_summary(tiny, tmp_path):
+    from conformance.cli import main
+
+    path, cal = _calibrate(tiny, tmp_path, "bfloat16")
+    code = main(["run", "--engine", "transformers", "--engine-arg", f"model={tiny}", "--engine-arg", "dtype=bfloat16",
+                 "--engine-arg", "modes=generate,prompt_lookup", "--calibration", str(path), "--max-examples", "3",
+                 "--no-shrink", "--report-dir", str(tmp_path / "runs")])
+    (run_dir,) = (tmp_path / "runs" / "transformers").iterdir()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert code in (0, 2), results["verdict"]
+    assert math.isclose(results["run"]["capabilities"]["tolerance"], cal["tau"])
+    assert results["run"]["calibration"] == str(path) and results["run"]["versions"]["oracle"] == "reference (float64)"
+    summary = json.loads((run_dir / "numerics.json").read_text())
+    assert summary["tau"] == cal["tau"] and summary["features"]
+    assert all(f == "plain" or all(part.split("=")[0] in ("k", "mode") for part in f.split(","))
+               for f in summary["features"])
+    assert sum(row["steps"] for row in summary["features"].values()) > 0
+
+
+def test_bad_calibrate_arguments_are_one_line_exit_3(tmp_path, capsys):
+    from adapters.commands.calibrate import main
+
+    assert main(["--engine", "transformers", "--out", str(tmp_path / "x.json"), "--batch-sizes", "1"]) == 3
+    assert main(["--engine", "nosuch", "--out", str(tmp_path / "x.json")]) == 3
+    assert main(["--engine", "transformers", "--out", str(tmp_path), "--quantile", "0.5"]) == 3
+    assert not (tmp_path / "x.json").exists()
