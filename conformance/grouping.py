@@ -100,7 +100,7 @@ def _record(ex: Example, batch: Any) -> BatchRecord | None:
     return ex.batches[batch] if isinstance(batch, int) and 0 <= batch < len(ex.batches) else None
 
 
-def _epoch_evicted(ex: Example, b: BatchRecord) -> bool:
+def epoch_evicted(ex: Example, b: BatchRecord) -> bool:
     """Did a batch of this cache epoch and configuration, up to and including `b`, evict?"""
     return any(batch_evicted(x) for x in ex.batches[: b.index + 1] if (x.epoch, x.segment) == (b.epoch, b.segment))
 
@@ -133,7 +133,7 @@ def implied_checks(history: History, f: Failure, chosen: Iterable[str]) -> set[s
     active = mechanisms(b, r)
     if len(active) == 1:
         out.add(_SINGLE[next(iter(active))])
-    if _epoch_evicted(ex, b):
+    if epoch_evicted(ex, b):
         out.add("eviction_safety")
     line = find_line(timeline(ex), b.index, q.id)
     if line is not None and is_cross_identity_attempt(line.same.tokens, line.other.tokens, history.capabilities):

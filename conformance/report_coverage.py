@@ -8,7 +8,7 @@ hits for `prefix_only`, pool snapshots for `rollback_hygiene`, pairs of runs for
 checks) — which situations of the coverage model (`conformance.situations`) were reached and which
 relevant ones were not, what was drawn, and how many baseline positions were nearly tied.
 
-`exercised(history, analysis)` computes it as JSON (results.json keys "situations" and "exercised");
+`results_part(history)` computes it as JSON (results.json keys "situations" and "exercised");
 `blocks(results)` renders it, so a report re-rendered later needs only results.json.
 """
 
@@ -19,7 +19,6 @@ import math
 from collections import Counter
 from typing import Any, Mapping
 
-from conformance.analysis import Analysis
 from conformance.checks.common import occurrences
 from conformance.history import History
 from conformance.oracle import NEAR_TIE, compare

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
-from conformance.checks.common import batch_evicted, chunked
-from conformance.grouping import Finding, cross_identity_reuse
+from conformance.checks.common import chunked
+from conformance.grouping import Finding, cross_identity_reuse, epoch_evicted
 from conformance.history import Example, History, request_from
 from conformance.report_doc import Block, Cell, Code, Fold, Para, Table
 from conformance.timeline import Step, find_line, timeline
@@ -77,7 +77,7 @@ def _mechanisms(history: History, ex: Example, batch: Any, request: Any) -> list
         out.append(f"batching ({len(b.requests)} requests in the batch)")
     if r.preempted:
         out.append("preemption")
-    if any(batch_evicted(x) for x in ex.batches[: b.index + 1] if (x.epoch, x.segment) == (b.epoch, b.segment)):
+    if epoch_evicted(ex, b):
         out.append("eviction (blocks evicted in this cache epoch)")
     return out
 
