@@ -344,7 +344,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     analysis = analyse(history, names, known)
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned)
     try:
-        write_report(run_dir, history, analysis, duration_s=outcome.duration_s, decode=getattr(engine, "decode", None))
+        decode = None if calls.abandoned else getattr(engine, "decode", None)  # a hung engine is not asked again
+        write_report(run_dir, history, analysis, duration_s=outcome.duration_s, decode=decode)
     except OSError as exc:
         outcome.report_error = f"cannot write the report in {run_dir}: {exc}"
     return outcome
