@@ -320,6 +320,10 @@ class OpenAIHttpAdapter:
                 raise UsageError(f"request {q.id}: revision {q.identity.revision!r} not served (revision={self.revision})")
             if q.identity.adapter is not None and q.identity.adapter not in self.adapters:
                 raise UsageError(f"request {q.id}: adapter {q.identity.adapter!r} not served")
+            digest = q.identity.adapter_digest
+            if digest and q.identity.adapter in LORAS and not self._ckpt.adapter_digest(q.identity.adapter).startswith(digest):
+                raise UsageError(f"request {q.id}: adapter {q.identity.adapter!r}@{digest[:8]}: only the shipped "
+                                 f"weights are served (an in-place reload is not expressible over HTTP)")
         spec = self.spec != "none"
         before = self._spec_counters() if spec else None
         box: list[Any] = [None] * len(requests)

@@ -141,7 +141,7 @@ class LevelResult:
     hits: list[float] = attrs.Factory(list)
     misses: list[float] = attrs.Factory(list)
     looks: list[Test] = attrs.Factory(list)
-    stopped: str = ""  # "decisive" | "budget" | "time"
+    stopped: str = ""  # "decisive" (a look before the budget rejected) | "budget" | "time"
 
     @property
     def probes(self) -> int:
@@ -211,7 +211,7 @@ def run_level(level: str, plan: Plan, procedure: Procedure, client: Client, rng:
                 if progress is not None:
                     progress(out)
                 if out.detected:
-                    out.stopped = "decisive"
+                    out.stopped = "decisive" if out.probes < 2 * plan.pairs else "budget"
                     return out
     out.stopped = "budget"
     return out
