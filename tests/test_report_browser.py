@@ -24,8 +24,8 @@ CONSOLE = re.compile(r":CONSOLE[:\(]|Uncaught ")
 
 def open_in_chromium(page: Path, profile: Path) -> tuple[str, list[str]]:
     """(the DOM after rendering, the console lines Chromium logged) for a local page."""
-    proc = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--dump-dom",
+    proc = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           "--no-first-run", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--dump-dom",
                            page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout, [ln for ln in proc.stderr.splitlines() if CONSOLE.search(ln)]
