@@ -3,8 +3,16 @@
 A conformance suite is only as good as the bugs it catches. Each `Fault` here re-creates the mechanism
 of a bug that shipped in a real engine by replacing exactly one decision of the reference engine — one
 of the small named methods of `PrefixCache`, `Engine`, `Scheduler` and `BlockPool` (`identity_fields`,
-`block_key`, `hit_limit`, `is_cacheable`, `eviction_candidate`, `positions`, `accepted_prefix`,
-`commit_tokens`, `truncate_at_finish`, `rollback`, `reported_cached_tokens`).
+`block_key`, `hit_limit`, `is_cacheable`, `match`, `eviction_candidate`, `positions`, `accepted_prefix`,
+`commit_tokens`, `truncate_at_finish`, `rollback`, `reserve`, `reported_cached_tokens`; `_forward` for
+the two faults that change what a forward pass returns).
+
+Each fault needs a *situation* to show (conformance/situations.py counts them in a history): most of
+the classic ones show on any prefix hit or accepted draft; the ones added for issue 13 each need one
+that a stream must be steered to — eos or a stop id at a given offset of a verification window,
+max_tokens inside one, two requests of one batch sharing a block one of them is still computing, a
+salt containing the key's separator, an in-place adapter reload, the same text under another
+segmentation, a near-tie.
 
 The seam is construction. A fault is a small subclass of the one component it changes, overriding the
 one named method (calling `super()` where it needs the correct decision), and `build_engine` builds
@@ -27,6 +35,10 @@ Use: `build_engine(config, registry, fault="salt_ignored")`, or the reference ad
 
 from __future__ import annotations
 
+import copy
+import functools
+import hashlib
+import json
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -38,7 +50,7 @@ from reference_engine.block_pool import BlockPool
 from reference_engine.config import EngineConfig
 from reference_engine.engine import Engine, Parts
 from reference_engine.model_registry import ModelRegistry
-from reference_engine.prefix_cache import PrefixCache
+from reference_engine.prefix_cache import DOMAIN, PrefixCache
 from reference_engine.scheduler import Scheduler, Work
 from reference_engine.sequence import Sequence
 
@@ -310,3 +322,270 @@ class CachedCountStale(Scheduler):
         n = max(super().reported_cached_tokens(seq, hit_tokens), self.memo.get(seq.prompt, 0))
         self.memo[seq.prompt] = n
         return n
+
+
+# --------------------------------------------------------------------------- C: where a verification
+# window ends a request (eos / stop ids / max_tokens inside or at the end of an accepted run)
+
+
+def cut_run(seq: Sequence, new: list[int], eos_at: Callable[[int, int], bool] = lambda i, n: True,
+            stop_at: Callable[[int, int], bool] = lambda i, n: True, cap: int | None = None) -> list[int]:
+    """`Engine.truncate_at_finish` with eos and the stop ids looked for only at the run positions the
+    predicates allow (`eos_at(i, len(new))`) and the length cap at `cap` (default: max_tokens): how
+    the finish faults below say which check of a verification window their engine gets wrong."""
+    produced, cap = len(seq.output), seq.max_tokens if cap is None else cap
+    for i, token in enumerate(new):
+        eos = seq.eos_id if eos_at(i, len(new)) else None
+        stops = seq.stop_ids if stop_at(i, len(new)) else frozenset()
+        reason = finish_reason(token, produced + i + 1, cap, stops, eos)
+        if reason:
+            seq.finish_reason = reason
+            return new[:i + 1]
+    return new
+
+
+def _last(i: int, n: int) -> bool:
+    return i == n - 1
+
+
+@fault("eos_checked_on_last_token", "C", "truncate_at_finish",
+       "eos looked for only at the last token a verification step commits: an eos accepted as a draft "
+       "mid-run is output and generation goes on",
+       "transformers 47912 / PR 47931 (assisted decoding appends n_matches + 1 tokens, then the eos "
+       "criterion inspects only the last one); koboldcpp 1276 (output continues past an eos drafted "
+       "mid-batch)",
+       ("accounting", "parity", "spec_independence"))
+class EosCheckedOnLastToken(Engine):
+    def truncate_at_finish(self, seq: Sequence, new: list[int]) -> list[int]:
+        return cut_run(seq, new, eos_at=_last)
+
+
+@fault("eos_bonus_unchecked", "C", "truncate_at_finish",
+       "the bonus token (the target's own token after a fully accepted draft run) is appended after the "
+       "finish checks: an eos there is output and generation goes on",
+       "BUG_CLASSES C (the bonus token takes its own path: vLLM PR 3951); SGLang PR 33758 (the token "
+       "sampled after an accepted run leaked past the finish); the mirror image of transformers 47912, "
+       "where only the bonus position was checked",
+       ("accounting", "parity", "spec_independence"))
+class EosBonusUnchecked(Engine):
+    """Remembers, per commit, whether the run ends in a bonus token (every draft accepted), so that the
+    finish check can skip eos there and only there."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bonus = False  # the run being settled ends in a bonus token
+
+    def commit_tokens(self, drafts: list[int], preds: list[int], accepted: int) -> list[int]:
+        self.bonus = bool(drafts) and accepted == len(drafts)
+        return super().commit_tokens(drafts, preds, accepted)
+
+    def truncate_at_finish(self, seq: Sequence, new: list[int]) -> list[int]:
+        bonus = self.bonus
+        return cut_run(seq, new, eos_at=lambda i, n: not (bonus and i == n - 1))
+
+
+@fault("eos_ignored_on_hit", "B", "truncate_at_finish",
+       "a request admitted with a prefix hit is served by a warm path whose stopping criteria lack the "
+       "model's eos: it never ends on eos",
+       "BUG_CLASSES B 'output depends on earlier traffic' (vLLM 5543: generation after a cache hit "
+       "stopped differently); the warm path rebuilds per-request state the cold path sets up",
+       ("parity", "history_independence", "accounting"))
+class EosIgnoredOnHit(Engine):
+    def truncate_at_finish(self, seq: Sequence, new: list[int]) -> list[int]:
+        if seq.cached_tokens:
+            return cut_run(seq, new, eos_at=lambda i, n: False)
+        return super().truncate_at_finish(seq, new)
+
+
+@fault("stop_checked_on_last_token", "C", "truncate_at_finish",
+       "stop ids looked for only at the last token a verification step commits: a stop id accepted as a "
+       "draft mid-run is output and generation goes on",
+       "vLLM PR 47616 (the whole accepted batch appended before the stop is evaluated; tokens past the "
+       "stop kept); onnxruntime-genai PR 2528 (stop handling extended to target-verified drafts, in order)",
+       ("accounting", "parity", "spec_independence"))
+class StopCheckedOnLastToken(Engine):
+    def truncate_at_finish(self, seq: Sequence, new: list[int]) -> list[int]:
+        return cut_run(seq, new, stop_at=_last)
+
+
+@fault("max_tokens_window_overrun", "C", "truncate_at_finish",
+       "a verification window crossing max_tokens is cut to the tokens left, then the target's token "
+       "after the cut is appended too: one token more than max_tokens",
+       "SGLang PR 33758 (finished length must be capped at max_new_tokens when an accept run crosses "
+       "it); ik_llama.cpp PR 2358 (an accepted block crossing n_predict mis-charged); distinct from "
+       "drafts_past_finish: eos and stop ids are honoured, only the cap is off by one",
+       ("accounting", "parity", "spec_independence"))
+class MaxTokensWindowOverrun(Engine):
+    def truncate_at_finish(self, seq: Sequence, new: list[int]) -> list[int]:
+        room = seq.max_tokens - len(seq.output)
+        if len(new) <= room:
+            return super().truncate_at_finish(seq, new)
+        # The drafts are cut to `room`; the token after them (correct greedy output) is appended anyway.
+        return cut_run(seq, new, eos_at=lambda i, n: i < room, stop_at=lambda i, n: i < room,
+                       cap=seq.max_tokens + 1)
+
+
+@fault("length_checked_before_stop", "C", "truncate_at_finish",
+       "when a verification window crosses max_tokens, the cap is checked before eos / stop ids: the run "
+       "is cut at max_tokens with finish 'length', keeping the tokens after an eos or stop inside it",
+       "SGLang 31599 / PR 31569 and PR 33758 (update_finish_state checked the max_new_tokens cap before "
+       "stop strings, stop tokens and eos: FINISH_LENGTH, post-stop tokens leaked)",
+       ("accounting", "parity", "spec_independence"))
+class LengthCheckedBeforeStop(Engine):
+    def truncate_at_finish(self, seq: Sequence, new: list[int]) -> list[int]:
+        room = seq.max_tokens - len(seq.output)
+        if len(new) > room:
+            seq.finish_reason = "length"
+            return new[:room]
+        return super().truncate_at_finish(seq, new)
+
+
+# --------------------------------------------------------------------------- B/D: same-step sharing
+
+
+@fault("scheduled_blocks_cached", "B", "reserve",
+       "a block enters the prefix cache when a prefill chunk that touches it is scheduled, before its KV "
+       "is written: a request admitted in the same step is served a block whose tail the next chunk "
+       "computes",
+       "vLLM v1 caches blocks at allocation (allocate_slots -> cache_blocks), correct only for blocks the "
+       "scheduled tokens fill; counting a partly scheduled block (chunk size not a multiple of the block "
+       "size) serves unwritten KV to a same-batch sharer (BUG_CLASSES B 'partial block reused', vLLM "
+       "22103 shared-prefix attention under concurrency)",
+       ("parity", "schedule_independence", "history_independence"))
+class ScheduledBlocksCached(Scheduler):
+    def reserve(self, seq: Sequence, end: int) -> bool:
+        if not super().reserve(seq, end):
+            return False
+        if self.cache is not None:
+            self.register_scheduled(seq, end)
+        return True
+
+    def register_scheduled(self, seq: Sequence, end: int) -> None:
+        """Register every block whose tokens exist and some of which [0, end) schedules."""
+        bs, cache = self.pool.block_size, self.cache
+        identity = self.resolve_identity(seq.identity)
+        fields = tuple(v for _, v in cache.identity_fields(identity))
+        parent = None
+        for i, bid in enumerate(seq.block_table):
+            if (i + 1) * bs > len(seq.tokens) or i * bs >= end:
+                break
+            tokens = tuple(seq.tokens[i * bs:(i + 1) * bs])
+            parent = cache.block_key(parent, tokens, identity)
+            if self.pool.blocks[bid].key is None:
+                self.pool.register(bid, parent, tokens, fields)
+
+
+# --------------------------------------------------------------------------- A: identity inputs
+
+
+@fault("identity_joined_with_separator", "A", "identity_fields",
+       "salt and adapter joined into one namespace string with ':' (salt 'x:upper@D' without an adapter "
+       "is salt 'x' with adapter upper@D)",
+       "vLLM 44701 and SGLang 24638 (extra keys combined without domain separation); here with a "
+       "separator that can occur inside a salt, so only a salt containing it collides — distinct from "
+       "extra_keys_concatenated",
+       ("isolation", "parity"))
+class IdentityJoinedWithSeparator(PrefixCache):
+    def identity_fields(self, identity: Any) -> list:
+        adapter = f"{identity.adapter}@{identity.adapter_digest}" if identity.adapter is not None else None
+        namespace = ":".join(p for p in (identity.salt, adapter) if p is not None)
+        return [["revision_digest", identity.revision_digest], ["namespace", namespace]]
+
+
+@fault("reload_stale_on_lookup", "A", "match",
+       "the lookup path resolves identities through a memo keyed by adapter name: after an in-place "
+       "reload, lookups use the old weights digest (registration uses the new one)",
+       "vLLM 30931, 42125 (after an in-place adapter reload the old adapter's KV came back); a name-keyed "
+       "LoRA lookup table that the reload does not invalidate",
+       ("isolation", "parity"))
+class ReloadStaleOnLookup(PrefixCache):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.resolved: dict[tuple, Any] = {}  # (revision, adapter name, salt) -> first CacheIdentity seen
+
+    def match(self, tokens: Any, identity: Any) -> tuple[list[int], list[str]]:
+        memo = self.resolved.setdefault((identity.revision, identity.adapter, identity.salt), identity)
+        return super().match(tokens, memo)
+
+
+@functools.cache
+def _tokenizer() -> Any:
+    from tokenizers import Tokenizer
+
+    from reference_engine.checkpoints import revision_dir
+    return Tokenizer.from_file(str(revision_dir("a") / "tokenizer.json"))
+
+
+@fault("text_keyed_blocks", "A", "block_key",
+       "a block is keyed on its decoded text, not its token ids: two segmentations of the same text "
+       "(ids of '(' ')' vs the id of '()') share KV",
+       "text-mode prompt caches keyed on the prompt string (DESIGN.md: text is not an identity; "
+       "llama-cpp-python's LlamaRAMCache keys tokens, an HTTP gateway keys text); BUG_CLASSES A",
+       ("isolation", "parity", "history_independence"))
+class TextKeyedBlocks(PrefixCache):
+    def block_key(self, parent: str | None, tokens: Any, identity: Any) -> str:
+        text = _tokenizer().decode([int(t) for t in tokens], skip_special_tokens=False)
+        payload = json.dumps([DOMAIN, ["parent", parent], ["identity", self.identity_fields(identity)],
+                              ["text", text]], separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- B: numerics
+
+
+def tf32(x: torch.Tensor) -> torch.Tensor:
+    """`x` rounded to TF32 (float32's exponent, a 10-bit mantissa), back in x's dtype: what a GEMM with
+    TF32 inputs (torch.backends.cuda.matmul.allow_tf32) multiplies."""
+    bits = x.float().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).to(x.dtype)
+
+
+class TF32Projection(torch.nn.Module):
+    """The vocab projection with its inputs and weights rounded to TF32 (float64 accumulation)."""
+
+    def __init__(self, lm_head: torch.nn.Linear) -> None:
+        super().__init__()
+        self.register_buffer("weight", tf32(lm_head.weight.detach()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return tf32(x) @ self.weight.T
+
+
+@fault("tf32_hit_logits", "B", "_forward",
+       "the first token after a prefix hit is sampled from logits whose vocab projection ran in TF32 "
+       "(plain decoding: float64): outputs differ only where the top-2 margin is below ~2e-3",
+       "vLLM 33123, SGLang 34683 (18/40 greedy flips on a radix hit), TRT-LLM 15503: the hit path runs "
+       "another kernel at another precision and flips near-ties; in a tolerance-0 engine any flip is a bug",
+       ("parity", "history_independence"))
+class TF32HitLogits(Engine):
+    """The KV (float64) is computed as usual; the first token of a request admitted with a prefix hit
+    is re-sampled from a copy of its model whose vocab projection is TF32, run over the whole sequence.
+    Measured on the shipped target (20k random 8-token prompts): the top-2 margin moves by 4.5e-4 at the
+    median, 2.3e-3 at the 99.9th percentile; flips seen at margins 2e-4 to 5e-4."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.low: dict[int, Any] = {}  # id(model) -> its copy with a TF32 projection
+
+    def _forward(self, plan: list[Work]) -> list[list[int]]:
+        out = super()._forward(plan)
+        for i, w in enumerate(plan):
+            seq = w.seq
+            if w.samples and out[i] and seq.cached_tokens and not seq.prefill_done_once and not w.drafts:
+                out[i] = [self.tf32_argmax(seq)]
+        return out
+
+    @torch.no_grad()
+    def tf32_argmax(self, seq: Sequence) -> int:
+        from reference_engine.model import DenseKV
+
+        model = self.registry.model(seq.identity)
+        low = self.low.get(id(model))
+        if low is None:
+            low = copy.deepcopy(model)
+            low.lm_head = TF32Projection(model.lm_head)
+            self.low[id(model)] = low
+        n = len(seq.tokens)
+        logits = low(torch.tensor(seq.tokens), torch.arange(n), DenseKV(low.config, model.dtype),
+                     torch.tensor([n - 1]))
+        return int(logits[0].argmax())
