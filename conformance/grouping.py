@@ -170,7 +170,7 @@ def _root(history: History, failures: list[Failure], chosen: Sequence[str]) -> F
     check = ordered[0]
     own = [f for f in failures if f.check == check]
     shown = own[0] if own else min(failures, key=lambda f: (not _eligible(f.check, failures, line), _rank(f.check)))
-    title = shown.title if own else f"output differs from plain greedy decoding ({check}: {CHECKS[check].title})"
+    title = shown.title if own else "output differs from plain greedy decoding"
     reasons = []
     if "isolation" in seen and check != "isolation":
         why = ("the engine reported no more cached tokens than its own identity's earlier traffic explains"

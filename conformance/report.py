@@ -250,14 +250,26 @@ def previous_results(run_dir: Path) -> dict[str, Any]:
 
 
 def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) -> None:
-    """The console's view of a report: one line per check, the engine errors, a replay command per failure."""
+    """The console's view of a report: one line per check, the engine errors, and one line per finding
+    (grouped by root, as in the report; per failure where the report has none) with its replay command."""
     for name, r in analysis.checks.items():
         print(f"{name:22s} {r.status}" + (f"  ({r.notes[0]})" if r.notes and r.status != "pass" else ""))
     for e in analysis.errors:
         print(f"ERROR: {e}")
-    for f in analysis.failures:
-        print(f"FAIL [{f.check}] {f.title} ({f.case_id}): "
-              f"{replay_command(run_dir / 'witnesses' / (f.case_id + '.json'), engine)}")
+    try:
+        findings = json.loads((Path(run_dir) / "results.json").read_text()).get("findings")
+    except (OSError, ValueError, AttributeError):
+        findings = None
+    if not findings:
+        for f in analysis.failures:
+            print(f"FAIL [{f.check}] {f.title} ({f.case_id}): "
+                  f"{replay_command(run_dir / 'witnesses' / (f.case_id + '.json'), engine)}")
+        return
+    for fd in findings:
+        also = f"; also seen by {', '.join(fd['also_seen_by'])}" if fd.get("also_seen_by") else ""
+        times = f"; x{fd['count']}" if fd.get("count", 1) > 1 else ""
+        print(f"FAIL [{fd['check']}] {fd['title']} ({fd['case_id']}{also}{times}): "
+              f"{replay_command(run_dir / 'witnesses' / (fd['case_id'] + '.json'), engine)}")
 
 
 def write_report(run_dir: Path, history: History, analysis: Analysis, duration_s: float | None = None,

@@ -117,6 +117,20 @@ def test_decoded_text_is_kept_in_the_witness_and_across_re_analysis(tmp_path):
     assert witness["decoded"] == {"output": "hi", "expected_output": "hj"}
 
 
+def test_the_console_prints_one_line_per_finding(tmp_path, capsys):
+    from conformance.report import print_summary
+
+    batches, base = warm_then_other_identity(cached=0, drafts=3)
+    h = history_of([batches], base)
+    a = analyse(h)
+    print_summary(a, tmp_path, "imagined")  # no report yet: one line per failure record
+    assert capsys.readouterr().out.count("FAIL [") == 3
+    write_report(tmp_path, h, a)
+    print_summary(a, tmp_path, "imagined")
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("FAIL [")]
+    assert line.startswith("FAIL [spec_independence]") and "also seen by" in line and "kvparity replay" in line
+
+
 def test_identical_findings_in_two_examples_fold_with_a_count():
     batches, base = warm_then_other_identity(cached=0, drafts=3)
     h = history_of([batches, batches], base)
