@@ -21,12 +21,12 @@ from adapters.commands.audit_timing.procedure import LevelResult, Procedure  # n
 
 
 class InProcessServer:
-    """`kvparity serve` (adapters.serve.build + its aiohttp app) on a free 127.0.0.1 port, in a thread."""
+    """`kvparity serve` (adapters.commands.serve.build + its aiohttp app) on a free 127.0.0.1 port, in a thread."""
 
     def __init__(self, scope: str, **engine_args: str) -> None:
         from aiohttp import web
 
-        from adapters.serve import build
+        from adapters.commands.serve.build import build
 
         self.server = build(scope=scope, engine_args=engine_args)
         self.loop = asyncio.new_event_loop()

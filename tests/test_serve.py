@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("aiohttp", reason="kvparity serve needs the serve extra (aiohttp)")
 
 from adapters.openai_http import OpenAIHttpAdapter, prometheus_totals  # noqa: E402
-from adapters.serve import cache_salt  # noqa: E402
-from adapters.serve.loop import EngineFailed, EngineLoop, RequestRefused  # noqa: E402
+from adapters.commands.serve.app import cache_salt  # noqa: E402
+from adapters.commands.serve.loop import EngineFailed, EngineLoop, RequestRefused  # noqa: E402
 from conformance.contract import Identity, Request  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

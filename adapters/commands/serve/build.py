@@ -1,22 +1,13 @@
-"""`kvparity serve`: the reference engine behind an OpenAI-compatible HTTP server.
-
-A real target on loopback for what only sees an engine as an endpoint: the HTTP adapter
-(`--engine openai_http --engine-arg serve=kvparity`), gateways, and the timing audit
-(`kvparity audit-timing`). Two rooms: `loop` (one engine on one thread, continuous batching: requests
-join the running batch at every step) and `app` (the aiohttp routes and vLLM's wire format, and the
-cache scope that decides which requests may share KV). `build` puts them together from the same engine
-arguments and fault zoo as the in-process reference adapter (`adapters.reference`), so a fault planted
-here is exactly the fault `--engine reference --engine-arg fault=NAME` runs.
-"""
+"""A `kvparity serve` server from its arguments: the same engine arguments and fault zoo as the in-process
+reference adapter (`adapters.reference`), so a fault planted here is exactly the fault
+`--engine reference --engine-arg fault=NAME` runs."""
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from adapters.serve.app import SCOPES, CompletionServer, cache_salt
-from adapters.serve.loop import EngineLoop
-
-__all__ = ["SCOPES", "CompletionServer", "EngineLoop", "build", "cache_salt"]
+from adapters.commands.serve.app import SCOPES, CompletionServer
+from adapters.commands.serve.loop import EngineLoop
 
 
 def build(*, scope: str = "tenant", fault: str | None = None, engine_args: Mapping[str, str] | None = None,

@@ -1,13 +1,20 @@
-"""`kvparity serve`: the reference engine behind an OpenAI-compatible server (adapters/serve/).
+"""`kvparity serve`: the reference engine behind an OpenAI-compatible HTTP server.
 
     kvparity serve [--host 127.0.0.1] [--port 8000] [--cache-scope user|tenant|global] [--fault NAME]
                    [--engine-arg KNOB=VALUE ...] [--revision a] [--model-name kvparity]
 
+A real target on loopback for what only sees an engine as an endpoint: the HTTP adapter
+(`--engine openai_http --engine-arg serve=kvparity`), gateways, and the timing audit
+(`kvparity audit-timing`). Rooms: `loop` (one engine on one thread, continuous batching: requests join
+the running batch at every step), `app` (the aiohttp routes, vLLM's wire format, and the cache scope
+that decides which requests may share KV), `build` (a server from these arguments); this module is the
+command.
+
 `--engine-arg` takes the reference adapter's knobs (block_size, num_blocks, pool_tokens, drafter, k,
 chunk_size, token_budget, max_batch, prefix_cache), so a chunked, speculative or small-pool engine is
 served the same way it runs in-process. Prints one line `kvparity serve: listening on URL` once the socket
-is bound, then serves until SIGINT/SIGTERM. Bad arguments: one line, exit 3, before any engine is built.
-Needs the `serve` extra (aiohttp).
+is bound, then serves until SIGINT/SIGTERM (or `--max-seconds`). Bad arguments: one line, exit 3, before
+any engine is built. Needs the `serve` extra (aiohttp).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from conformance.contract import UsageError
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from adapters.serve.app import SCOPES
+    from adapters.commands.serve.app import SCOPES
 
     p = UsageParser(prog="kvparity serve", description="The reference engine behind an OpenAI-compatible server.")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -48,7 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.engine_args = parse_engine_args(args.engine_arg)
     if args.fault is not None and args.fault.lower() in ("", "none", "off"):
         args.fault = None
-    from adapters.serve import build
+    from adapters.commands.serve.build import build
 
     args.server = build(scope=args.cache_scope, fault=args.fault, engine_args=args.engine_args,
                         revision=args.revision, model_name=args.model_name)  # validates; builds the engine

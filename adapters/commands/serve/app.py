@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from adapters.serve.loop import EngineFailed, EngineLoop, RequestRefused
+from adapters.commands.serve.loop import EngineFailed, EngineLoop, RequestRefused
 from reference_engine.model import DenseKV
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.sequence import Identity, Report
