@@ -70,6 +70,7 @@ def _plot(path: pathlib.Path, levels: Sequence[LevelResult], target: str) -> Non
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fig, axes = plt.subplots(1, len(levels), figsize=(4.2 * len(levels), 3.4), sharey=True, squeeze=False)
     for ax, r in zip(axes[0], levels):
@@ -79,6 +80,7 @@ def _plot(path: pathlib.Path, levels: Sequence[LevelResult], target: str) -> Non
                 ax.step(ms, [(i + 1) / len(ms) for i in range(len(ms))], where="post", label=f"{label} (n={len(ms)})",
                         color=color)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # decade labels only: minor labels overlap
         ax.set_title(f"{r.level}: {r.verdict}\np = {r.final.pvalue:.2g}", fontsize=9)
         ax.set_xlabel("client-side TTFT (ms)")
         ax.grid(alpha=0.3)
