@@ -16,7 +16,8 @@ times, and as a cross-tenant leak, sends an engine developer after the wrong mec
   exactly one mechanism was in play; eviction safety in an epoch that evicted) saw it too.
 - **the most specific check is the one whose claim the mechanism in play belongs to** (`ORDER`), and
   isolation only where the history shows reuse across identities: the request reported more cached
-  tokens than its own identity's earlier traffic explains (or reports no count at all). A request that
+  tokens than its own identity's earlier traffic explains and no more than another identity's does (or
+  the engine reports no count at all). A request that
   diverges the same way with no cross-identity reuse is not an isolation bug, whatever else it is.
 - **identical findings fold** (listed under the same check; same identity, prompt and divergence, in
   different examples) with a count.
@@ -106,11 +107,13 @@ def epoch_evicted(ex: Example, b: BatchRecord) -> bool:
 
 
 def cross_identity_reuse(line: Line | None) -> bool | None:
-    """Did the engine serve this request KV beyond its own identity's earlier traffic? None: it does not
-    report cached tokens, so the history cannot tell."""
+    """Did this request get KV only another identity's earlier traffic can explain — more cached tokens
+    than its own identity's traffic shares with it, no more than another identity's does? (More than any
+    traffic explains is a wrong count, not a leak.) None: the engine reports no cached tokens, so the
+    history cannot tell."""
     if line is None or line.cached_tokens is None:
         return None
-    return line.cached_tokens > line.same.tokens
+    return line.same.tokens < line.cached_tokens <= line.other.tokens
 
 
 def implied_checks(history: History, f: Failure, chosen: Iterable[str]) -> set[str]:
@@ -173,8 +176,13 @@ def _root(history: History, failures: list[Failure], chosen: Sequence[str]) -> F
     title = shown.title if own else "output differs from plain greedy decoding"
     reasons = []
     if "isolation" in seen and check != "isolation":
-        why = ("the engine reported no more cached tokens than its own identity's earlier traffic explains"
-               if cross_identity_reuse(line) is False else "no reuse across identities was seen")
+        if line is not None and line.cached_tokens is not None and line.cached_tokens <= line.same.tokens:
+            why = "the engine reported no more cached tokens than its own identity's earlier traffic explains"
+        elif line is not None and line.cached_tokens is not None and line.cached_tokens > line.other.tokens:
+            why = ("the engine reported more cached tokens than any earlier traffic shares with the request "
+                   "(a wrong count or a wrong hit)")
+        else:
+            why = "no reuse across identities was seen"
         reasons.append(f"not listed under isolation: {why}, so another identity's KV did not cause it")
     if not own:
         reasons.append(f"{check} compares this request by definition; the failure it kept (one per title) is "

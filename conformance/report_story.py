@@ -276,6 +276,9 @@ def reuse_blocks(r: Mapping[str, Any], request: str | None, listed_under: str) -
             f"reported {cached}.")
     if served:
         text += f" So up to {r['cached_tokens'] - r['same_tokens']} of them came from {r['request']}'s KV."
+    elif r.get("cached_tokens") is not None and r["cached_tokens"] > max(r["tokens"], r.get("same_tokens") or 0):
+        text += (" That is more than any earlier traffic shares with it: a wrong count or a wrong hit, not another "
+                 "identity's KV.")
     elif served is False and listed_under != "isolation":
         text += " That is no more than its own traffic explains: another identity's KV did not serve it."
     return [Para(text)]

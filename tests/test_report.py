@@ -80,6 +80,15 @@ def test_kv_served_across_identities_is_listed_under_isolation():
     assert "parity" in finding.also_seen_by and not finding.reasons
 
 
+def test_a_hit_no_earlier_traffic_explains_is_not_listed_as_a_leak():
+    # r1 reports 9 cached tokens: more than its own identity (0) *and* another identity (8) share with it
+    batches, base = warm_then_other_identity(cached=9, drafts=None)
+    h = history_of([batches], base)
+    (finding,) = group(h, analyse(h))
+    assert finding.check != "isolation" and "isolation" in finding.also_seen_by
+    assert any("more cached tokens than any earlier traffic" in r for r in finding.reasons)
+
+
 def test_the_story_names_whose_kv_was_reused_and_aligns_the_divergence():
     batches, base = warm_then_other_identity(cached=8, drafts=None)
     h = history_of([batches], base)
