@@ -49,3 +49,20 @@ reports-fault-zoo: setup
 
 reports-economics: setup
 	$(VENV)/bin/kvparity bench --engine reference --size full --k 4 --out reports/economics
+
+# The committed standalone reproducers (reproducers/, written by `kvparity export`; they import no
+# kvparity): one per fault-zoo witness, and one per real finding's witness, folder = the report's.
+.PHONY: reproducers
+REPRODUCE := transformers:reports/transformers/20261130-145852/witnesses/parity-f291db0373.json \
+	transformers:reports/transformers/20261130-145852/witnesses/exercised-0379084d2b.json \
+	vllm:reports/vllm/run-lora-20261130-140204/witnesses/parity-40e0b84fa8.json \
+	openai_http-vllm:reports/openai_http-vllm/run-20261130-141329/witnesses/parity-79a90c248c.json \
+	llama_cpp:reports/llama_cpp/run-shared-cache/llama_cpp/20261130-140052/witnesses/isolation-a92c06de03.json \
+	llama_cpp:reports/llama_cpp/run-shared-cache/llama_cpp/20261130-140052/witnesses/prefix_only-f608ec1770.json \
+	llama_cpp:reports/llama_cpp/run-shared-ram-parity/llama_cpp/20261130-140657/witnesses/parity-4006517376.json
+
+reproducers: setup
+	for w in reports/fault-zoo/witnesses/*.json; do \
+	  $(VENV)/bin/kvparity export $$w --out reproducers/fault-zoo/$$(basename $$w .json).py || exit 1; done
+	for pair in $(REPRODUCE); do d=$${pair%%:*}; w=$${pair#*:}; mkdir -p reproducers/$$d; \
+	  $(VENV)/bin/kvparity export $$w --out reproducers/$$d/$$(basename $$w .json).py || exit 1; done

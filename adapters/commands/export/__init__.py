@@ -21,6 +21,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -46,14 +47,39 @@ def _without_docstring(source: str) -> str:
     return source
 
 
+_NUMBERS = re.compile(r"\[\s*(-?[\d.eE+-]+(?:,\s*-?[\d.eE+-]+)*)\s*\]")
+
+
 def _plan_literal(plan: dict) -> str:
-    text = json.dumps(plan, indent=1)
+    """The plan as a JSON string literal, a list of numbers (a prompt, an output) on one line."""
+    text = _NUMBERS.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]",
+                        json.dumps(plan, indent=1))
     if "'''" in text or text.endswith("\\"):
         return f"load_plan({text!r})"  # still a JSON string literal, read by json.loads
     return f"load_plan(r'''\n{text}\n''')"
 
 
-def render(plan: dict, exporter, witness: str, args: dict | None = None) -> str:
+def story(plan: dict) -> str:
+    """The steps in a line each: what a reader should see before the JSON."""
+    lines = []
+    for step in plan["steps"]:
+        if step["step"] == "configure":
+            lines.append("configure " + ", ".join(f"{k}={v}" for k, v in step["config"].items()))
+        elif step["step"] == "reset":
+            lines.append("reset (flush the prefix cache)")
+        else:
+            reqs = []
+            for q in step["requests"]:
+                ident = ", ".join(f"{k} {v}" for k, v in q["identity"].items() if v is not None and k != "adapter_digest"
+                                  and not (k == "revision" and v == "a"))
+                reqs.append(f"{q['id']}: {len(q['prompt'])}-token prompt, max_tokens {q['max_tokens']}"
+                            + (f", stop {q['stop_ids']}" if q["stop_ids"] else "") + (f", {ident}" if ident else "")
+                            + f" -> expected {q['expected']['output']}")
+            lines.append(f"batch {step['index']}: " + "; ".join(reqs))
+    return "".join(f"  {i + 1}. {line}\n" for i, line in enumerate(lines))
+
+
+def render(plan: dict, exporter, witness: str, args: dict | None = None, out: str = "THIS_FILE") -> str:
     """The reproducer's source: a docstring saying what it is, the checker, the driver, the plan."""
     w = plan["witness"]
     title = f" — {w['title']}" if w.get("title") else ""
@@ -61,8 +87,9 @@ def render(plan: dict, exporter, witness: str, args: dict | None = None) -> str:
            f'{plan["description"].rsplit(" on ", 1)[-1].rstrip(".")}.\n\n'
            f"Exported by `kvparity export {witness}`. It does not import kvparity: it needs\n"
            f"{exporter.NEEDS}.\n"
-           f"Witness engine arguments: {json.dumps(w['engine_args'])}.\n\n"
-           f"Run:  python THIS_FILE [--help]   (options: --help lists them)\n"
+           f"Witness engine arguments: {json.dumps(w['engine_args'])}. Steps (from a cold cache):\n"
+           f"{story(plan)}\n"
+           f"Run:  python {out}   (--help lists its options)\n"
            f"Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still\n"
            f"misbehaves (one line: the claim, the request, the first divergent position, expected vs got);\n"
            f"3 the case could not be run.\n"
@@ -98,7 +125,7 @@ def export(witness: str | os.PathLike, out: str | os.PathLike, engine: str | Non
     params = plans.build(witness, exporter, str(target), str(named), args, check, steps)
     if hasattr(exporter, "locate"):
         params["engine"].update(exporter.locate(out))
-    source = render(params, exporter, str(witness), args)
+    source = render(params, exporter, str(witness), args, str(out))
     compile(source, str(out), "exec")  # a template mistake is ours: never write a script that cannot run
     out.write_text(source)
     out.chmod(0o755)

@@ -12,7 +12,8 @@ import attrs
 
 from conformance.contract import Baseline, Request, UsageError
 
-NEEDS = "the reference engine (the `reference_engine` package and its checkpoints) and torch"
+NEEDS = ("the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:\n"
+         "PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers)")
 
 DRIVER = r'''
 # --- the engine: reference_engine, driven as adapters/reference.py drives it ---
