@@ -197,3 +197,36 @@ def test_kvparity_run_on_a_large_vocabulary_checkpoint(big_vocab, tmp_path):
     assert code in (0, 2), data["verdict"]  # 3 examples may leave a claimed capability unexercised
     assert data["checks"]["parity"]["status"] == "pass"
     assert (caps["vocab_size"], caps["eos_id"], caps["oracle"]) == (32000, 31999, "reference (float64)")
+
+
+def test_the_shipped_family_as_a_users_model_through_the_transformers_adapter():
+    """model=PATH on the shipped folder: the same facts and the same answers as the built-in path."""
+    from adapters.transformers import TransformersAdapter
+    from conformance.contract import Request
+
+    a = TransformersAdapter(model=str(checkpoints.revision_dir("a")), modes="generate")
+    caps = a.capabilities()
+    assert (caps.vocab_size, caps.eos_id, caps.max_context, caps.identities) == (1024, 2, 1024, frozenset())
+    req = Request("r", [5, 80, 81, 300, 12], 8)
+    assert a.run([req])[0].output == a.baseline(req).output
+    a.close()
+
+
+def test_http_adapter_reads_a_model_folder(big_vocab):
+    """openai_http with model=PATH (a folder) declares that checkpoint's vocabulary and eos and judges it
+    by the reference oracle on that folder; attached to a fake server (named as such), stdlib only."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from test_adapter_openai_http import FakeServer
+
+    from adapters.openai_http.adapter import OpenAIHttpAdapter
+
+    srv = FakeServer("ids")
+    try:
+        a = OpenAIHttpAdapter(base_url=srv.url, model=str(big_vocab))
+        caps = a.capabilities()
+        assert (caps.vocab_size, caps.eos_id, caps.max_context) == (32000, 31999, 256)
+        assert caps.oracle == "reference (float64)" and a.model == "fake-model"
+    finally:
+        srv.stop()
