@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import adapters.reference as ref
-from adapters.commands.fault_zoo import DEFAULT_OUT, ZooRow, ZooRun, bars, build_parser, describe_steps, measure, render, witness_dir
+from adapters.commands.fault_zoo import (DEFAULT_OUT, FaultSummary, ZooRow, ZooRun, bars, build_parser,
+                                         describe_steps, measure, render, witness_dir)
 from conformance import cli
 from conformance.cli import replay_case
 from conformance.contract import UsageError
@@ -21,6 +22,24 @@ from reference_engine.scheduler import Scheduler
 from tests.engine_helpers import registry
 
 CLASSES = {f.bug_class for f in FAULTS.values()}
+
+
+def test_each_seed_draws_its_own_streams_and_a_seed_always_the_same(tmp_path):
+    """--seeds means something: the ci profile is derandomised, so the zoo's seeds must switch that off
+    (run_suite's `seed`). Seeds 0 and 1 draw different streams, seed 0 twice the same ones, and seed 0
+    is not the derandomised profile's own stream. (A fake engine: this tests the suite's seeding.)"""
+    from conformance.history import load
+    from conformance.runner import run_suite
+    from tests.fake_engine import FakeDictEngine
+
+    def streams(seed: int | None, n: int) -> list:
+        out = run_suite(FakeDictEngine(), engine_name="fake", profile="ci", report_dir=tmp_path / f"r{n}",
+                        seed=seed, max_examples=4, database_dir=tmp_path / f"db{n}", shrink=False, timeout_s=5)
+        return [ex.steps() for ex in load(out.run_dir / "history.jsonl").examples]
+
+    zero = streams(0, 0)
+    assert zero == streams(0, 1)
+    assert zero != streams(1, 2) and zero != streams(None, 3)
 
 
 def test_zoo_covers_every_bug_class():
@@ -61,7 +80,34 @@ def test_unfaulted_engine_passes_ci_profile(tmp_path):
     assert row.verdict == "pass", row
 
 
-@pytest.mark.parametrize("name", list(FAULTS))
+# The faults of issue 13, with the situation each needs (conformance/situations.py). Those today's CI
+# stream does not catch yet (not in CAUGHT_TODAY) are xfail and not run in CI: each would cost a full
+# 100-example run (~20 s) for an expected miss. Add a fault to CAUGHT_TODAY once the streams reach its
+# situation.
+NEEDS_SITUATION = {
+    "eos_checked_on_last_token": "eos accepted as a draft before the last token of a verification window",
+    "eos_bonus_unchecked": "eos as the bonus token (every draft accepted, the target's next token eos)",
+    "eos_ignored_on_hit": "a request with a prefix hit that finishes on eos",
+    "stop_checked_on_last_token": "a stop id accepted as a draft before the last token of a window",
+    "max_tokens_window_overrun": "max_tokens reached before the last token of a verification window",
+    "length_checked_before_stop": "an eos / stop id inside a window that also crosses max_tokens",
+    "scheduled_blocks_cached": "same-batch sharing of a block still being computed, chunk % block size != 0",
+    "identity_joined_with_separator": "a salt containing ':' plus a declared adapter string (x:upper@digest)",
+    "reload_stale_on_lookup": "an in-place adapter reload after the old binding warmed the prefix",
+    "text_keyed_blocks": "the same text under another segmentation, blocks of equal token counts",
+    "tf32_hit_logits": "a near-tie (margin < ~2e-3) at the first token of a request with a prefix hit",
+}
+CAUGHT_TODAY: set[str] = set()  # of NEEDS_SITUATION: those today's derandomised CI stream already catches
+
+
+def _zoo_param(name: str):
+    if name in NEEDS_SITUATION and name not in CAUGHT_TODAY:
+        return pytest.param(name, marks=pytest.mark.xfail(reason=f"needs: {NEEDS_SITUATION[name]}", run=False,
+                                                          strict=False))
+    return name
+
+
+@pytest.mark.parametrize("name", [_zoo_param(n) for n in FAULTS])
 def test_fault_is_caught_with_expected_check_and_a_witness(name, tmp_path):
     # No shrinking here: what a time-capped shrink reaches depends on the machine's load, and a CI test
     # must not. The test asserts what is deterministic (derandomised CI profile): the fault is caught,
@@ -90,8 +136,16 @@ def test_shrinking_reaches_a_small_witness(tmp_path):
     assert row.witness_blocks is not None and row.witness_blocks <= 2, row
 
 
-def _row(name: str, caught: bool, first: int | None, blocks: float | None) -> ZooRow:
-    return ZooRow(name, "A", caught, [], [], first, 100, 17, blocks, 2, 1.0, "fail" if caught else "pass", True)
+def _seed(name: str, caught: bool, first: int | None, blocks: float | None, seed: int = 0,
+          near_ties: int = 0) -> ZooRow:
+    return ZooRow(name, "A", caught, ["isolation"] if caught else [], [], first, 100, 17 if caught else None,
+                  blocks if caught else None, 2 if caught else None, 1.0, "fail" if caught else "pass", True,
+                  {"check": "isolation", "steps": []} if caught and blocks else None, seed, near_ties)
+
+
+def _row(name: str, caught: bool, first: int | None, blocks: float | None, seeds: int = 5) -> FaultSummary:
+    """A fault caught (or not) in every one of `seeds` seeds, `first` examples each."""
+    return FaultSummary.of([_seed(name, caught, first, blocks, s) for s in range(seeds)])
 
 
 CI_RUN = ZooRun.of("ci")
@@ -101,8 +155,26 @@ def test_bars_say_met_only_when_every_fault_meets_them():
     good = bars([_row("a", True, 5, 1.1), _row("b", True, 9, 2.0)], None, CI_RUN)
     assert all("**met**" in line for line in good)
     bad = bars([_row("a", True, 5, 1.1), _row("b", True, 40, 7.4), _row("c", False, None, None)], None, CI_RUN)
-    assert "not met** for `c`" in bad[0] and "**met** (22.5)" in bad[1]
+    assert "not met** for `c` (0/5)" in bad[0] and "not met** for `b`, `c`" in bad[1]
     assert "not met** for `b`, `c`" in bad[2]
+
+
+def test_a_fault_caught_in_some_seeds_only_misses_the_catch_bar_and_says_how_often():
+    rows = [_seed("a", s != 3, 10 + s if s != 3 else None, 1.0, s) for s in range(5)]
+    summary = FaultSummary.of(rows)
+    assert summary.caught_in == 4 and not summary.caught and summary.median_first == 11.5
+    assert summary.witness_row is rows[0]
+    assert "not met** for `a` (4/5)" in bars([summary], None, CI_RUN)[0]
+    assert "| 4/5 |" in render([summary], None, CI_RUN) and "11.5 [10, 11, 12, -, 14]" in render([summary], None, CI_RUN)
+
+
+def test_the_control_bar_needs_every_seed_to_pass_with_no_near_tie():
+    clean = FaultSummary.of([_seed("(none: control)", False, None, None, s) for s in range(5)])
+    assert "control passes 5/5 seeds, 0 near-ties" in bars([_row("a", True, 5, 1.0)], clean, CI_RUN)[0]
+    assert "**met**" in bars([_row("a", True, 5, 1.0)], clean, CI_RUN)[3]
+    tied = FaultSummary.of([_seed("(none: control)", False, None, None, s, near_ties=int(s == 2)) for s in range(5)])
+    assert "**not met**" in bars([_row("a", True, 5, 1.0)], tied, CI_RUN)[3]
+    assert "1 near-ties" in bars([_row("a", True, 5, 1.0)], tied, CI_RUN)[0]
 
 
 def test_witness_is_described_in_one_line():
@@ -117,7 +189,13 @@ WITNESSES = sorted((Path(__file__).resolve().parent.parent / "reports" / "fault-
 
 
 def test_every_fault_has_a_committed_witness():
-    assert {p.stem for p in WITNESSES} == set(FAULTS)
+    """The faults of issue 13 (NEEDS_SITUATION) get theirs when reports/fault-zoo.md is next regenerated
+    (`make reports-fault-zoo`); then this fails until the exemption below is dropped."""
+    assert {p.stem for p in WITNESSES} == set(FAULTS) - set(NEEDS_SITUATION)
+
+
+def test_every_fault_awaiting_a_situation_is_a_fault():
+    assert set(NEEDS_SITUATION) <= set(FAULTS) and CAUGHT_TODAY <= set(NEEDS_SITUATION)
 
 
 @pytest.mark.parametrize("path", WITNESSES, ids=lambda p: p.stem)
@@ -149,12 +227,13 @@ def test_a_leak_that_stalls_the_engine_is_still_a_rollback_hygiene_failure(tmp_p
 
 # -- the report says what was run ---------------------------------------------------------------------
 ROWS = [_row("salt_ignored", True, 5, 1.1), _row("hit_uncapped", True, 1, 1.0)]
-CONTROL = ZooRow("(none: control)", "-", False, [], [], None, 100, None, None, None, 20.0, "pass", True)
+CONTROL = FaultSummary.of([ZooRow("(none: control)", "-", False, [], [], None, 100, None, None, None, 20.0, "pass",
+                                  True, seed=s) for s in range(5)])
 
 
 def test_report_claims_the_control_passed_only_when_it_ran():
     ran = render(ROWS, CONTROL, CI_RUN)
-    assert "control passes" in ran and "**pass** in 100 examples" in ran
+    assert "control passes" in ran and "**pass, pass, pass, pass, pass** in 100/100/100/100/100 examples" in ran
     skipped = render(ROWS, None, CI_RUN)
     assert "control passes" not in skipped and "**pass**" not in skipped
     assert "control (no fault): not run (`--no-control`)" in skipped
@@ -162,11 +241,11 @@ def test_report_claims_the_control_passed_only_when_it_ran():
 
 
 def test_report_gives_the_example_cap_that_was_used_not_the_profiles():
-    assert "100 examples max, 6 steps per scenario" in render(ROWS, CONTROL, CI_RUN)
+    assert "100 examples max, 6 steps per scenario; seeds: 5 seeds (0, 1, 2, 3, 4)" in render(ROWS, CONTROL, CI_RUN)
     capped = render(ROWS, None, ZooRun.of("ci", max_examples=20, command="kvparity fault-zoo --max-examples 20"))
     assert "100 examples" not in capped and "20 examples max" in capped
     assert "the `ci` profile with `--max-examples 20`" in capped  # in the header and the catch bar
-    assert "at most 20 examples per fault" in capped  # the median bar is conditioned on the cap
+    assert "at most 20 examples per run" in capped  # the median bar is conditioned on the cap
     assert "Generated by `kvparity fault-zoo --max-examples 20`" in capped
     assert "at most" not in render(ROWS, CONTROL, CI_RUN)
 
@@ -190,7 +269,8 @@ def test_help_shows_every_default(capsys, monkeypatch):
     assert cli.main(["fault-zoo", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     for default in ("(default: .kvparity/fault-zoo.md)", "(default: ci)", "(default: 60.0)",
-                    "(default: the profile's: dev 12, ci 100, nightly 1000)", "(default: all 16:",
+                    "(default: the profile's: dev 12, ci 100, nightly 1000)", f"(default: all {len(FAULTS)}:",
+                    "(default: 0,1,2,3,4)",
                     "(default: a temporary folder, discarded)", "(default: none)"):
         assert default in out, default
 
@@ -207,7 +287,8 @@ def no_engine(monkeypatch):
                                   ["--max-examples", "0"], ["--max-examples", "-5"], ["--max-examples", "x"],
                                   ["--shrink-seconds", "nan"], ["--shrink-seconds", "0"],
                                   ["--no-shrink", "--shrink-seconds", "5"], ["--bogus"], ["--out", "."],
-                                  ["--notes", "no/such/notes.md"]], ids=" ".join)
+                                  ["--notes", "no/such/notes.md"], ["--seeds", "x"], ["--seeds", "1,1"],
+                                  ["--seeds", "0,-1"], ["--seeds", ","]], ids=" ".join)
 def test_usage_error_is_one_line_exit_3_before_any_engine(argv, capsys, no_engine, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["fault-zoo", *argv]) == 3
@@ -226,10 +307,11 @@ def test_report_dir_that_is_a_file_is_a_usage_error(capsys, no_engine, tmp_path)
 def test_one_small_fault_run_writes_a_report_that_says_what_was_run(tmp_path, capsys):
     out = tmp_path / "zoo.md"
     code = cli.main(["fault-zoo", "--faults", "salt_ignored", "--max-examples", "10", "--no-control",
-                     "--no-shrink", "--out", str(out)])
+                     "--no-shrink", "--seeds", "3", "--out", str(out)])
     assert code in (0, 1)  # 1 only if 10 examples were too few to catch it; the report is written either way
     text = out.read_text()
     assert "control passes" not in text and "100 examples" not in text and "10 examples max" in text
     assert "Generated by `kvparity fault-zoo --faults salt_ignored --max-examples 10" in text
+    assert "seeds: 1 seed (3)" in text
     if code == 0:
         assert (tmp_path / "zoo" / "witnesses" / "salt_ignored.json").is_file()
