@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from adapters.engine_args import bool_arg, choice_arg, int_arg
+from adapters.landmarks import shipped_landmarks
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 from reference_engine.baseline import greedy
 from reference_engine.config import DRAFTER_NAMES, EngineConfig
@@ -140,7 +141,8 @@ class ReferenceAdapter:
                            for digest in sorted(self.registry.known_weights())),
             introspection=True, baseline_mode=True, tolerance=0.0,
             config_space=CONFIG_SPACE, knob_roles=KNOB_ROLES, min_hit_prompt=c.block_size + 1,
-            context_limits={"pool_tokens": {str(v): v for v in CONFIG_SPACE["pool_tokens"]}})
+            context_limits={"pool_tokens": {str(v): v for v in CONFIG_SPACE["pool_tokens"]}},
+            landmarks=shipped_landmarks())
 
     def configure(self, config: Mapping[str, Any]) -> None:
         self.config = engine_config({**self.defaults, **{k: str(v) for k, v in config.items()}})

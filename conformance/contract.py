@@ -102,6 +102,51 @@ class Baseline:
     runner_up: tuple[int, ...] = field(default=(), converter=_tuple_of_ints)
 
 
+def _token_tuples(values: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(_tuple_of_ints(v) for v in values)
+
+
+@frozen
+class EosPath:
+    """Plain greedy decoding of `prompt + continuation[:i]` (under `revision`, no adapter) produces
+    `continuation[i:]` and then eos, for every i: sending it with i chosen places eos at any output
+    position 0..len(continuation) — inside a draft run, as the bonus token, at max_tokens."""
+
+    revision: str
+    prompt: tuple[int, ...] = field(converter=_tuple_of_ints)
+    continuation: tuple[int, ...] = field(converter=_tuple_of_ints)
+
+
+@frozen
+class NearTie:
+    """Plain greedy decoding of `prompt` (under `revision`, no adapter) picks its first token by a
+    margin below 1e-4: where an engine's tie handling (or a lower-precision path) shows."""
+
+    revision: str
+    prompt: tuple[int, ...] = field(converter=_tuple_of_ints)
+
+
+@frozen
+class Landmarks:
+    """Where the engine's model does what a random stream almost never makes it do, found ahead of time
+    by the adapter (from its oracle and tokenizer), so the strategies can steer there: eos paths,
+    near-ties, and pairs of distinct token-id sequences that decode to the same text (a cache keyed on
+    text instead of ids serves one for the other). Empty: the strategies cannot reach those situations,
+    and the coverage table says so."""
+
+    eos_paths: tuple[EosPath, ...] = field(default=(), converter=tuple)
+    near_ties: tuple[NearTie, ...] = field(default=(), converter=tuple)
+    same_text: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = field(
+        default=(), converter=lambda pairs: tuple(_token_tuples(p) for p in pairs))
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "Landmarks":
+        d = d or {}
+        return cls(tuple(p if isinstance(p, EosPath) else EosPath(**p) for p in d.get("eos_paths", ())),
+                   tuple(t if isinstance(t, NearTie) else NearTie(**t) for t in d.get("near_ties", ())),
+                   d.get("same_text", ()))
+
+
 @frozen
 class Capabilities:
     """What an engine claims. Claims drive both the strategies and the vacuity guard: a claimed
@@ -141,6 +186,7 @@ class Capabilities:
     # Shortest prompt (in tokens) that can produce a prefix hit at all (vLLM CPU: a full block + 1).
     min_hit_prompt: int = 2
     version: str = ""
+    landmarks: Landmarks = field(factory=Landmarks, converter=lambda v: v if isinstance(v, Landmarks) else Landmarks.from_json(v))
     # Which oracle judges this run, in words ("reference (float64)", "self (generate, bfloat16)"); the
     # report names it, since a self-judged pass says less than a reference-judged one.
     oracle: str = ""

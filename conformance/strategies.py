@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Union
 from attrs import field, frozen
 from hypothesis import strategies as st
 
-from conformance.contract import Capabilities, Identity, Request, _tuple_of_ints
+from conformance.contract import Capabilities, EosPath, Identity, Request, _tuple_of_ints
 
 MAX_PROMPT = 200
 MAX_NEW = 16
@@ -336,6 +336,117 @@ def _flush_resend(s: Stream) -> tuple:
     return tuple(renamed(p, s.next_id(), s.top) for p in s.pick_from_pool())
 
 
+# -- steering: steps that reach what random prompts almost never do ------------------------------------
+# The engine's landmarks (Capabilities.landmarks: eos paths, near-ties, same-text pairs, found by its
+# adapter from the model and tokenizer) say where a rare situation is; these steps go there.
+
+
+def landmark_revisions(s: Stream) -> set[str]:
+    return {i.revision for i in s.identities}
+
+
+def _landmark_identity(s: Stream, revision: str) -> Identity:
+    """The landmark's own weights (no adapter: it was found on the base model), any salt."""
+    salts = sorted({i.salt for i in s.identities}, key=lambda x: (x is not None, x or ""))
+    return Identity(revision=revision, salt=s.draw(st.sampled_from(salts)))
+
+
+def _eos_paths(s: Stream) -> list[EosPath]:
+    revs = landmark_revisions(s)
+    return [p for p in s.caps.landmarks.eos_paths
+            if p.revision in revs and len(p.prompt) + len(p.continuation) <= s.top]
+
+
+def _eos(s: Stream) -> tuple:
+    # eos at output position `at` of a known eos path: inside a draft run, as the bonus token, as the
+    # last token max_tokens allows, or just past it (then the request ends on length one token short).
+    # Two offsets of one path in a step: the second shares the first's prompt, so it meets eos on a
+    # warm cache.
+    path = s.draw(st.sampled_from(_eos_paths(s)))
+    ident = _landmark_identity(s, path.revision)
+    items = []
+    for _ in range(s.draw(st.integers(1, 2))):
+        at = s.draw(st.integers(0, len(path.continuation)))
+        prompt = path.prompt + path.continuation[:len(path.continuation) - at]
+        budget = s.draw(st.one_of(st.integers(at + 1, MAX_NEW), st.sampled_from((at + 1, max(1, at)))))
+        items.append(Request(s.next_id(), prompt, budget, s.draw(stop_ids(s.caps)), ident))
+    return tuple(items)
+
+
+def _near_tie(s: Stream) -> tuple:
+    revs = landmark_revisions(s)
+    tie = s.draw(st.sampled_from([t for t in s.caps.landmarks.near_ties if t.revision in revs and len(t.prompt) <= s.top]))
+    return (Request(s.next_id(), tie.prompt, s.draw(max_tokens(s.caps)), (), _landmark_identity(s, tie.revision)),)
+
+
+def _respell(s: Stream) -> None:
+    # One text in two spellings, one batch after the other: the first warms the cache, the second must
+    # not be served its KV (a cache keyed on text, or an engine that re-tokenises, confuses them).
+    one, other = s.draw(st.sampled_from(s.caps.landmarks.same_text))
+    if s.draw(st.booleans()):
+        one, other = other, one
+    base = s.fresh_request()
+    room = min(s.top - max(len(one), len(other)), 2 * s.bs + 1)
+    prompt = base.prompt[:max(0, room)]
+    cut = s.draw(st.integers(0, len(prompt)))
+    for spelling in (one, other):
+        s.add_batch((Request(s.next_id(), prompt[:cut] + spelling + prompt[cut:], base.max_tokens, base.stop_ids,
+                             base.identity),))
+
+
+def colliding_pair(s: Stream) -> tuple[Identity, Identity]:
+    """Two distinct identities whose salt and adapter name give one string when joined without domain
+    separation (`salt + sep + adapter` vs salt alone): a key built that way serves one the other's KV."""
+    named = [(n, d) for n, d in adapter_bindings(s.caps) if n]
+    name, digest = s.draw(st.sampled_from(named))
+    sep = s.draw(st.sampled_from(("", ":", "/", "|", "-", "_", " ")))
+    stem = s.draw(st.sampled_from(("tenant-a", "t", name)))
+    revision = s.draw(st.sampled_from(sorted(landmark_revisions(s))))
+    fused = Identity(revision=revision, salt=s.draw(st.sampled_from((stem + sep + name, name + sep + stem))))
+    split = Identity(revision=revision, adapter=name, adapter_digest=digest, salt=stem)
+    return (fused, split) if s.draw(st.booleans()) else (split, fused)
+
+
+def _collide(s: Stream) -> None:
+    first, second = colliding_pair(s)
+    pool = s.requests_in_pool()
+    base = s.draw(st.sampled_from(pool)) if pool and s.draw(st.booleans()) else s.fresh_request()
+    prompt = base.prompt[:2 * s.bs + 1]
+    for ident in (first, second):
+        s.add_batch((Request(s.next_id(), prompt, base.max_tokens, base.stop_ids, ident),))
+
+
+def _reloadable(s: Stream) -> list[Request]:
+    digests = {}
+    for name, digest in adapter_bindings(s.caps):
+        digests.setdefault(name, set()).add(digest)
+    return [p for p in s.requests_in_pool() if p.identity.adapter and len(digests.get(p.identity.adapter, ())) > 1]
+
+
+def _reload(s: Stream) -> tuple:
+    # The adapter reloaded in place (same name, other weights), then the same prompt: the KV of the old
+    # weights must not serve it (BUG_CLASSES A).
+    victim = s.draw(st.sampled_from(_reloadable(s)))
+    name = victim.identity.adapter
+    other = s.draw(st.sampled_from(sorted(d for n, d in adapter_bindings(s.caps)
+                                          if n == name and d != victim.identity.adapter_digest)))
+    from attrs import evolve
+    return (Request(s.next_id(), victim.prompt, victim.max_tokens, victim.stop_ids,
+                    evolve(victim.identity, adapter_digest=other)),)
+
+
+def _sharers(s: Stream) -> tuple:
+    # Requests that share a prefix nobody sent yet, in one batch: its blocks are being computed in the
+    # very step another member wants them (under chunked prefill, over several steps).
+    bs = s.bs
+    top = max(2, s.top - bs)
+    root = s.draw(st.integers(min(bs + 1, top), min(top, 2 * bs + 1)).flatmap(lambda n: token_lists(s.caps, n)))
+    ident = s.draw(s.ident)
+    return tuple(Request(s.next_id(), (root + s.draw(token_lists(s.caps, s.draw(st.integers(1, max(1, bs // 2))))))[:s.top],
+                         s.draw(max_tokens(s.caps)), s.draw(stop_ids(s.caps)), ident)
+                 for _ in range(s.draw(st.integers(2, s.max_batch))))
+
+
 def _configure(s: Stream) -> None:
     s.configure()
 
@@ -364,13 +475,22 @@ STEP_KINDS: dict[str, StepKind] = {k.name: k for k in (
     StepKind("flood", _flood),
     StepKind("flush_resend", _flush_resend, lambda s: bool(s.pool)),
     StepKind("configure", _configure, lambda s: bool(s.caps.config_space)),
+    StepKind("eos", _eos, lambda s: s.caps.eos_id is not None and bool(_eos_paths(s))),
+    StepKind("near_tie", _near_tie, lambda s: any(t.revision in landmark_revisions(s) and len(t.prompt) <= s.top
+                                                  for t in s.caps.landmarks.near_ties)),
+    StepKind("respell", _respell, lambda s: bool(s.caps.landmarks.same_text) and s.top > 2),
+    StepKind("collide", _collide, lambda s: {"salt", "adapter"} <= s.caps.identities
+             and any(n for n, _ in adapter_bindings(s.caps))),
+    StepKind("reload", _reload, lambda s: bool(_reloadable(s))),
+    StepKind("sharers", _sharers, lambda s: s.max_batch > 1),
     StepKind("reset", _reset),
 )}
 
 # Weighted by repetition: reuse (resend / continue / poison) is where the bugs are. "batch" comes first
 # because Hypothesis shrinks towards the first element; a kind that does not apply yet draws a batch.
 KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset",
-         "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop")
+         "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop",
+         "eos", "restop", "resend", "eos", "near_tie", "respell", "collide", "reload", "sharers", "resend", "continue")
 
 
 def draw_step(s: Stream, name: str) -> None:

@@ -69,6 +69,15 @@ def capabilities(caps: Any) -> Capabilities:
     if not isinstance(caps.oracle, str):
         raise EngineError(f"capabilities().oracle is {caps.oracle!r}, not a string")
     json_safe(dict(caps.config_space), "capabilities().config_space")
+    marks = caps.landmarks
+    for i, path in enumerate(marks.eos_paths):
+        _tokens(path.prompt + path.continuation, caps.vocab_size, f"capabilities().landmarks.eos_paths[{i}]")
+    for i, tie in enumerate(marks.near_ties):
+        _tokens(tie.prompt, caps.vocab_size, f"capabilities().landmarks.near_ties[{i}]")
+    for i, (a, b) in enumerate(marks.same_text):
+        _tokens(a + b, caps.vocab_size, f"capabilities().landmarks.same_text[{i}]")
+        if a == b or not a or not b:
+            raise EngineError(f"capabilities().landmarks.same_text[{i}] is not two distinct token sequences")
     for knob in caps.config_space:
         if caps.knob_roles.get(knob) not in KNOB_ROLES:
             raise EngineError(f"capabilities(): knob {knob!r} declares no role in knob_roles "

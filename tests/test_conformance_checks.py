@@ -337,17 +337,32 @@ def test_rollback_hygiene_skipped_without_introspection():
 # ---------------------------------------------------------------- exercised (vacuity guard)
 
 
-def _busy() -> Crafted:
-    """A history that exercises every capability CAPS claims."""
+def _busy(leave_out: str | None = None) -> Crafted:
+    """A history that exercises every capability CAPS claims and every situation relevant to it
+    (conformance/situations.py), one batch each; `leave_out` names a situation whose batch is left out."""
     h = Crafted().config(chunk=8)
-    h.batch((req("a", P, salt="x"), res("a", [1], draft_proposed=2, draft_accepted=1,
+    h.batch((req("a", P, salt="x"), res("a", [1, 2], draft_proposed=2, draft_accepted=1,
                                         prefill_chunks=2, evictions=1)))
     h.batch((req("b", P, salt="x"), res("b", [1], cached=8)))
-    return h.batch((req("c", P, salt="y"), res("c", [1])))
+    h.batch((req("c", P, salt="y"), res("c", [1])))
+    if leave_out != "stop_in_speculation":
+        h.batch((req("d", P, stop=(2,), salt="x"), res("d", [1, 2], "stop", cached=8, draft_proposed=2, draft_accepted=1)))
+    if leave_out != "shared_in_flight":
+        fresh = tuple(range(40, 50))
+        h.batch((req("e", fresh, salt="x"), res("e", [1], prefill_chunks=2)),
+                (req("f", fresh + (3,), salt="x"), res("f", [1], prefill_chunks=2)))
+    return h
 
 
 def test_exercised_passes_when_every_claim_was_exercised():
     assert _busy().status("exercised") == "pass"
+
+
+@pytest.mark.parametrize("situation", ["stop_in_speculation", "shared_in_flight"])
+def test_exercised_names_a_relevant_situation_never_reached(situation):
+    result = analyse(_busy(leave_out=situation).history(), ["exercised"]).checks["exercised"]
+    assert result.status == "inconclusive"
+    assert any(f"situation never reached: {situation}" in n for n in result.notes), result.notes
 
 
 def test_exercised_inconclusive_when_claims_never_exercised():

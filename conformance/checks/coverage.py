@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from conformance.checks.common import (batch_evicted, caching_disabled, chunked, config_block_size,
                                        is_cross_identity_attempt, request_json, reuse_scan)
+from conformance import situations
 from conformance.checks.registry import Findings, check
 from conformance.history import History
 from conformance.verdicts import FAIL, INCONCLUSIVE, PASS, CheckResult, Severity
@@ -38,6 +39,13 @@ def exercised(h: History, f: Findings) -> CheckResult:
         gaps.append("chunked prefill claimed but no prefill was chunked (no result reported prefill_chunks > 1)")
     if caps.identities and not f.stats["cross_identity_attempts"]:
         gaps.append("identities claimed but no identity ever sent another identity's prefix")
+    # Every other situation a claim makes relevant (conformance/situations.py) must have occurred too;
+    # the five above keep their own words.
+    said = {"prefix_hit", "accepted_draft", "eviction", "chunked_prefill", "cross_identity_attempt"}
+    for row in situations.coverage(h):
+        f.stats[f"situation:{row.name}"] = row.count
+        if row.relevant and not row.count and row.name not in said:
+            gaps.append(f"situation never reached: {row.name} ({row.title}; relevant to {row.claim})")
     if caps.prefix_caching and caps.reports_cached_tokens:
         _positive_control(f, h)
     for gap in gaps:

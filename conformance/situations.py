@@ -1,0 +1,314 @@
+"""The coverage model: named *situations* a history can contain, each a pure function that counts its
+occurrences, registered like the checks.
+
+A check can only catch a bug in a situation the stream produced: a PASS after a run that never finished
+a request on eos says nothing about eos handling. So the situations are counted in every run, shown in
+every report ("situation | relevant to claim | count"), and a situation relevant to a claimed
+capability that never occurred makes the `exercised` check inconclusive, naming it.
+
+`relevant(caps)` says whether the engine's claims make a situation worth reaching (eos inside a draft is
+only relevant to an engine that speculates and has an eos id).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from attrs import frozen
+
+from conformance.checks.common import (batch_evicted, chunked, config_block_size, cross_identity_threshold,
+                                       is_cross_identity_attempt, lcp, reuse_scan)
+from conformance.contract import Capabilities
+from conformance.history import History
+
+
+@frozen
+class Situation:
+    name: str
+    title: str
+    claim: str  # the claimed capability it exercises, in words ("prefix caching", "speculation", ...)
+    count: Callable[[History], int]
+    relevant: Callable[[Capabilities], bool] = lambda caps: True
+
+
+@frozen
+class Coverage:
+    """One row of the coverage table."""
+
+    name: str
+    title: str
+    claim: str
+    relevant: bool
+    count: int
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "title": self.title, "claim": self.claim, "relevant": self.relevant,
+                "count": self.count}
+
+
+SITUATIONS: dict[str, Situation] = {}
+
+
+def situation(*, title: str, claim: str, relevant: Callable[[Capabilities], bool] = lambda caps: True):
+    """Register a counting function under its name."""
+
+    def deco(fn: Callable[[History], int]) -> Callable[[History], int]:
+        if fn.__name__ in SITUATIONS:
+            raise ValueError(f"situation {fn.__name__!r} registered twice")
+        SITUATIONS[fn.__name__] = Situation(fn.__name__, title, claim, fn, relevant)
+        return fn
+
+    return deco
+
+
+def coverage(history: History, names: Iterable[str] | None = None) -> list[Coverage]:
+    """Every situation's count in `history` (registry order)."""
+    caps = history.capabilities
+    rows = []
+    for name in (names or list(SITUATIONS)):
+        s = SITUATIONS[name]
+        rows.append(Coverage(s.name, s.title, s.claim, bool(caps is not None and s.relevant(caps)),
+                             int(s.count(history))))
+    return rows
+
+
+def missing(history: History) -> list[Coverage]:
+    """Situations relevant to a claim that never occurred."""
+    return [c for c in coverage(history) if c.relevant and c.count == 0]
+
+
+# --------------------------------------------------------------------------- the situations
+
+
+def _results(h: History):
+    for b in h.batches():
+        for i, q, r in b.pairs():
+            yield b, q, r
+
+
+def _cache(caps: Capabilities) -> bool:
+    return caps.prefix_caching and caps.reports_cached_tokens
+
+
+def _spec(caps: Capabilities) -> bool:
+    return caps.speculation and caps.reports_drafts
+
+
+@situation(title="prefix cache hit", claim="prefix caching", relevant=_cache)
+def prefix_hit(h: History) -> int:
+    return sum(bool(r.cached_tokens) for _, _, r in _results(h))
+
+
+@situation(title="hit on a prompt of k blocks or k blocks + 1 (last-token and partial-block edge)",
+           claim="prefix caching", relevant=_cache)
+def hit_at_block_boundary(h: History) -> int:
+    bs = (h.capabilities.block_size if h.capabilities else 16)
+    return sum(bool(r.cached_tokens) and len(q.prompt) % config_block_size(b.config, bs) in (0, 1)
+               for b, q, r in _results(h))
+
+
+@situation(title="chunked prefill", claim="chunked prefill", relevant=lambda caps: caps.chunked_prefill)
+def chunked_prefill(h: History) -> int:
+    return sum(chunked(r) for _, _, r in _results(h))
+
+
+@situation(title="batch that evicted", claim="eviction", relevant=lambda caps: caps.evicts)
+def eviction(h: History) -> int:
+    return sum(batch_evicted(b) for b in h.batches())
+
+
+@situation(title="request preempted and resumed", claim="eviction (not required: few engines report it)",
+           relevant=lambda caps: False)
+def preemption(h: History) -> int:
+    return sum(bool(r.preempted) for _, _, r in _results(h))
+
+
+@situation(title="another identity sent this prompt's prefix first", claim="identities",
+           relevant=lambda caps: bool(caps.identities))
+def cross_identity_attempt(h: History) -> int:
+    return sum(is_cross_identity_attempt(same, other, h.capabilities) for _, _, _, _, same, other in reuse_scan(h))
+
+
+@situation(title="draft tokens accepted", claim="speculation", relevant=_spec)
+def accepted_draft(h: History) -> int:
+    return sum(bool(r.draft_accepted) for _, _, r in _results(h))
+
+
+@situation(title="draft tokens rejected", claim="speculation", relevant=_spec)
+def rejected_draft(h: History) -> int:
+    return sum((r.draft_proposed or 0) > (r.draft_accepted or 0) for _, _, r in _results(h))
+
+
+@situation(title="prefix sent under an adapter name since reloaded with other weights", claim="identities",
+           relevant=lambda caps: "adapter" in caps.identities and any("@" in a for a in caps.adapters))
+def adapter_reload(h: History) -> int:
+    n = 0
+    for ex in h.examples:
+        seen: list = []
+        for b in ex.batches:
+            for q in b.requests:
+                i = q.identity
+                n += any(o.adapter == i.adapter and o.adapter_digest != i.adapter_digest and o.revision == i.revision
+                         and lcp(q.prompt, p) >= _block(h, b) for o, p in seen if i.adapter is not None)
+                seen.append((i, q.prompt))
+    return n
+
+
+# -- how requests finish -----------------------------------------------------------------------
+
+
+def _eos(caps: Capabilities) -> bool:
+    return caps.eos_id is not None and bool(caps.landmarks.eos_paths)
+
+
+@situation(title="finished on eos", claim="eos handling", relevant=_eos)
+def eos_finish(h: History) -> int:
+    return sum(r.finish_reason == "eos" for _, _, r in _results(h))
+
+
+@situation(title="finished on eos with draft tokens accepted (eos in a draft run or as the bonus token)",
+           claim="speculation", relevant=lambda caps: _eos(caps) and _spec(caps))
+def eos_in_speculation(h: History) -> int:
+    return sum(r.finish_reason == "eos" and bool(r.draft_accepted) for _, _, r in _results(h))
+
+
+@situation(title="finished on eos after a prefix cache hit", claim="prefix caching",
+           relevant=lambda caps: _eos(caps) and _cache(caps))
+def eos_on_warm_cache(h: History) -> int:
+    return sum(r.finish_reason == "eos" and bool(r.cached_tokens) for _, _, r in _results(h))
+
+
+@situation(title="finished on a stop id", claim="stop handling")
+def stop_finish(h: History) -> int:
+    return sum(r.finish_reason == "stop" for _, _, r in _results(h))
+
+
+@situation(title="finished on a stop id past position 0 with draft tokens accepted", claim="speculation",
+           relevant=_spec)
+def stop_in_speculation(h: History) -> int:
+    return sum(r.finish_reason == "stop" and len(r.output) > 1 and bool(r.draft_accepted) for _, _, r in _results(h))
+
+
+@situation(title="reached max_tokens with draft tokens accepted", claim="speculation", relevant=_spec)
+def length_in_speculation(h: History) -> int:
+    return sum(r.finish_reason == "length" and len(r.output) > 1 and bool(r.draft_accepted) for _, _, r in _results(h))
+
+
+# -- sharing within a batch ----------------------------------------------------------------------
+
+
+def _block(h: History, b) -> int:
+    return config_block_size(b.config, h.capabilities.block_size if h.capabilities else 16)
+
+
+def _in_flight_sharers(h: History):
+    """Per batch, the requests that share at least one full block of prompt with an earlier request of
+    the same batch and identity, where no earlier batch of the cache epoch sent that block: KV one of
+    them is still computing when the other wants it."""
+    for ex in h.examples:
+        sent: list = []
+        epoch = None
+        for b in ex.batches:
+            if b.epoch != epoch:
+                sent, epoch = [], b.epoch
+            bs = _block(h, b)
+            for i, q, r in b.pairs():
+                earlier = [(p.identity, p.prompt) for p in b.requests[:i]]
+                shared = max((lcp(q.prompt, p) for ident, p in earlier if ident == q.identity), default=0)
+                before = max((lcp(q.prompt, p) for ident, p in sent if ident == q.identity), default=0)
+                if shared >= bs and shared // bs > before // bs:
+                    yield b, q, r
+            sent.extend((p.identity, p.prompt) for p in b.requests)
+
+
+@situation(title="requests of one batch share a block that is computed in that batch", claim="prefix caching",
+           relevant=_cache)
+def shared_in_flight(h: History) -> int:
+    return sum(1 for _ in _in_flight_sharers(h))
+
+
+@situation(title="... and its prefill is chunked", claim="chunked prefill",
+           relevant=lambda caps: _cache(caps) and caps.chunked_prefill)
+def shared_in_flight_chunked(h: History) -> int:
+    return sum(chunked(r) for _, _, r in _in_flight_sharers(h))
+
+
+# -- inputs that only a careless key confuses --------------------------------------------------------
+
+SEPARATORS = ("", ":", "/", "|", "-", "_", ",", " ", "@", "\x00")
+
+
+def naive_keys(identity) -> set[str]:
+    """The strings a key that joins salt and adapter name without domain separation would be built from."""
+    fields = [identity.salt or "", identity.adapter or ""]
+    return {sep.join(f) for sep in SEPARATORS for f in (fields, fields[::-1])}
+
+
+def collide(a, b) -> bool:
+    return a != b and a.revision == b.revision and bool(naive_keys(a) & naive_keys(b))
+
+
+@situation(title="another identity whose salt and adapter collide when joined naively sent the prefix first",
+           claim="identities", relevant=lambda caps: {"salt", "adapter"} <= caps.identities)
+def naive_identity_collision(h: History) -> int:
+    n, threshold = 0, cross_identity_threshold(h.capabilities)
+    for ex in h.examples:
+        seen: list = []
+        epoch = None
+        for b in ex.batches:
+            if b.epoch != epoch:
+                seen, epoch = [], b.epoch
+            for q in b.requests:
+                n += any(collide(q.identity, o) and lcp(q.prompt, p) >= threshold for o, p in seen)
+                seen.append((q.identity, q.prompt))
+    return n
+
+
+def respelled(caps: Capabilities, a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Are `a` and `b` distinct id sequences of one text, by the engine's same-text pairs?"""
+    return a != b and _canonical(caps, a) == _canonical(caps, b)
+
+
+def _canonical(caps: Capabilities, ids: tuple[int, ...]) -> tuple[int, ...]:
+    out = list(ids)
+    for one, other in caps.landmarks.same_text:
+        long, short = (one, other) if len(one) >= len(other) else (other, one)
+        i = 0
+        while i + len(long) <= len(out):
+            if tuple(out[i:i + len(long)]) == long:
+                out[i:i + len(long)] = short
+            i += 1
+    return tuple(out)
+
+
+@situation(title="the same text as an earlier prompt, in other token ids", claim="prefix caching",
+           relevant=lambda caps: _cache(caps) and bool(caps.landmarks.same_text))
+def same_text_other_ids(h: History) -> int:
+    caps, n = h.capabilities, 0
+    if caps is None or not caps.landmarks.same_text:
+        return 0
+    for ex in h.examples:
+        seen: set = set()
+        epoch = None
+        for b in ex.batches:
+            if b.epoch != epoch:
+                seen, epoch = set(), b.epoch
+            for q in b.requests:
+                key = (q.identity, _canonical(caps, q.prompt))
+                n += any(k == key and p != q.prompt for k, p in seen)
+                seen.add((key, q.prompt))
+    return n
+
+
+NEAR_TIE_MARGIN = 1e-4
+
+
+@situation(title=f"plain decoding picked a token by a margin below {NEAR_TIE_MARGIN:g}", claim="tie handling",
+           relevant=lambda caps: bool(caps.landmarks.near_ties))
+def near_tie_met(h: History) -> int:
+    n = 0
+    for _, q, r in _results(h):
+        base = h.baseline_for(q)
+        if base is not None:
+            n += any(m < NEAR_TIE_MARGIN for m in base.margins[:max(1, len(r.output))])
+    return n
