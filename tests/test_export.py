@@ -144,6 +144,38 @@ def test_every_committed_witness_has_a_reproducer_that_imports_no_kvparity(zoo_s
         assert "PLAN = load_plan(" in path.read_text()
 
 
+def _plan_of(path: Path) -> dict:
+    tree = ast.parse(path.read_text())
+    (call,) = [n.value for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PLAN"]
+    return json.loads(call.args[0].value)
+
+
+def test_the_committed_reproducers_are_current(zoo_scripts):
+    """reproducers/ holds what `kvparity export` writes today: the current checker and driver, and for the
+    fault zoo the same plan (else: `make reproducers`)."""
+    committed = sorted((REPO / "reproducers").rglob("*.py"))
+    assert len(committed) >= 16 + 2
+    checker = exporting._without_docstring(exporting.RUNTIME.read_text())
+    for path in committed:
+        text = path.read_text()
+        engine = _plan_of(path)["witness"]["engine"]
+        assert checker in text and exporting.exporter_for(engine).DRIVER.strip("\n") in text, path
+        compile(text, str(path), "exec")
+    for name, fresh in zoo_scripts.items():
+        assert _rounded(_plan_of(REPO / "reproducers" / "fault-zoo" / f"{name}.py")) == _rounded(_plan_of(fresh)), name
+
+
+def _rounded(value):
+    """Margins to 9 digits: float64 sums differ in the last bits with the thread count."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
 def test_fault_zoo_reproducers_fail_with_the_fault_and_pass_without(verdicts):
     checks = {w.stem: json.loads(w.read_text())["check"] for w in ZOO}
     for name, check in checks.items():
