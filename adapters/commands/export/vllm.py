@@ -148,7 +148,7 @@ def _settings(args: Mapping[str, str]) -> dict[str, Any]:
     from adapters.engine_args import bool_arg, int_arg, list_arg, num_arg
     from adapters.vllm import CHOICES, VllmAdapter
 
-    sig = {n: p.default for n, p in inspect.signature(VllmAdapter.__init__).parameters.items() if n != "self"}
+    sig = _signature(VllmAdapter)
     unknown = set(args) - set(sig)
     if unknown:
         raise UsageError(f"unknown vllm engine argument(s) {sorted(unknown)}; known: {', '.join(sig)}")
@@ -167,6 +167,30 @@ def _settings(args: Mapping[str, str]) -> dict[str, Any]:
                        "max_num_batched_tokens": int_arg("max_num_batched_tokens", m["max_num_batched_tokens"],
                                                          allow_none=True),
                        "prefix_caching": bool_arg("prefix_caching", m["prefix_caching"])}}
+
+
+def declared_capabilities(args: Mapping[str, str]) -> Any:
+    """`VllmAdapter.capabilities()` for these arguments, without starting vLLM (a witness written by hand
+    or by an older kvparity carries none)."""
+    from adapters.engine_args import list_arg
+    from adapters.vllm import CHOICES, EOS, KNOB_ROLES, MAX_CONTEXT, VllmAdapter
+    from conformance.contract import Capabilities
+
+    s = _settings(args)
+    c = s["config"]
+    vary = {k: CHOICES[k] for k in list_arg(str({**_signature(VllmAdapter), **args}["vary"]))}
+    spec = c["spec"] != "none"
+    return Capabilities(name="vllm", vocab_size=1024, max_context=MAX_CONTEXT, eos_id=EOS, block_size=s["block_size"],
+                        prefix_caching=bool(c["prefix_caching"]), reports_cached_tokens=True, speculation=spec,
+                        reports_drafts=spec, chunked_prefill=c["max_num_batched_tokens"] is not None, evicts=False,
+                        top2_logits=s["logprobs"], tolerance=float(s["tolerance"]), config_space=vary,
+                        knob_roles={k: KNOB_ROLES[k] for k in vary},
+                        prefix_caching_off={"prefix_caching": ("false",)} if "prefix_caching" in vary else {},
+                        min_hit_prompt=s["block_size"] + 1)
+
+
+def _signature(cls: Any) -> dict[str, Any]:
+    return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"}
 
 
 def engine_params(args: Mapping[str, str]) -> dict[str, Any]:
