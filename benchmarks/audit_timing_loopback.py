@@ -39,7 +39,8 @@ def start_vllm() -> tuple[ServerProcess, str]:
     from reference_engine import checkpoints
 
     port = free_port()
-    cmd = vllm_command(folder=str(checkpoints.revision_dir("a")), port=port, block_size=16, max_context=1024,
+    # block 32: vLLM's CPU attention takes multiples of 32 only
+    cmd = vllm_command(folder=str(checkpoints.revision_dir("a")), port=port, block_size=32, max_context=1024,
                        loras={}, budget=None, spec="none", k=1, draft_folder="")
     cmd[0] = str(ROOT / ".venv-vllm" / "bin" / "python")
     server = ServerProcess("vllm", cmd, vllm_env())

@@ -25,6 +25,26 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def generated_run(fault: str, mode: str) -> tuple[str, str]:
+    """A witness that HTTP cannot express (an in-place adapter reload): a fresh generated dev-profile run
+    through the server instead (12 examples, seed 0, no shrinking); "SUITE FAIL" when it catches the fault."""
+    import tempfile
+
+    from adapters.openai_http import OpenAIHttpAdapter
+    from conformance.runner import run_suite
+
+    adapter = OpenAIHttpAdapter(serve="kvparity", block_size="16", fault="" if fault == "none" else fault,
+                                arrival=mode)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = run_suite(adapter, engine_name="openai_http", profile="dev", report_dir=tmp, seed=0,
+                            database_dir=tmp, shrink=False)
+    finally:
+        adapter.close()
+    failing = [name for name, c in out.analysis.checks.items() if getattr(c, "status", "") == "fail"]
+    return f"SUITE {out.verdict.upper()}", f"witness not expressible over HTTP; generated run: {out.verdict} {failing}"
+
+
 def main() -> int:
     from conformance.cli import replay_case
     from reference_engine.faults import FAULTS
@@ -44,9 +64,13 @@ def main() -> int:
         for mode in ("stagger", "serial"):
             args = {"serve": "kvparity", "block_size": "16", "arrival": mode}
             word, _, detail = replay_case(witnesses / f"{name}.json", args, timeout_s=300, engine="openai_http")
+            if word == "ERROR" and "not expressible over HTTP" in detail:  # the witness itself cannot be sent
+                word, detail = generated_run(name, mode)
             row[mode] = (word, detail)
         word, _, detail = replay_case(witnesses / f"{name}.json", {"serve": "kvparity", "block_size": "16",
                                                                   "fault": "none"}, timeout_s=300, engine="openai_http")
+        if word == "ERROR" and "not expressible over HTTP" in detail:
+            word, detail = generated_run("none", "stagger")
         row["control"] = (word, detail)
         kept[name] = row
         print(name, row["stagger"][0], row["serial"][0], row["control"][0], flush=True)
@@ -57,11 +81,13 @@ def main() -> int:
              f"{time.strftime('%Y-%m-%d', time.gmtime())}, {time.monotonic() - t0:.0f} s. Each committed witness "
              "replayed through `--engine openai_http --engine-arg serve=kvparity` against `kvparity serve --fault NAME`: "
              "*stagger* = a batch's requests 10 ms apart, all in flight together; *serial* = one request at a time; "
-             "*control* = the same witness against the server without the fault (must be FIXED).", "",
+             "*control* = the same witness against the server without the fault (must be FIXED). A witness HTTP "
+             "cannot express (an in-place adapter reload) is replaced by a generated dev-profile run (12 examples, "
+             "seed 0): SUITE FAIL / SUITE PASS.", "",
              "| fault | class | stagger (concurrent) | serial | control (no fault) |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| `{r['fault']}` | {r['class']} | {r['stagger'][0]} | {r['serial'][0]} | {r['control'][0]} |")
-    caught = {m: sum(r[m][0] == "FAILED" for r in rows) for m in ("stagger", "serial")}
+    caught = {m: sum(r[m][0] in ("FAILED", "SUITE FAIL") for r in rows) for m in ("stagger", "serial")}
     lines += ["", f"Caught (FAILED): {caught['stagger']}/{len(rows)} concurrent, {caught['serial']}/{len(rows)} serial; "
               f"controls FIXED: {sum(r['control'][0] == 'FIXED' for r in rows)}/{len(rows)}.", "", "Details:", ""]
     for r in rows:

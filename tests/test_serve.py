@@ -84,6 +84,7 @@ def test_text_prompts_logprobs_and_adapters(served):
     ({"prompt": [5000], "max_tokens": 2}, "OutOfVocabularyError"),
     ({"prompt": [], "max_tokens": 2}, "EmptyPromptError"),
     ({"prompt": [5, 6], "max_tokens": 2, "temperature": 0.7}, "greedily"),
+    ({"prompt": [5, 6], "max_tokens": 2, "temperature": "hot"}, "greedily"),
     ({"prompt": [5, 6], "max_tokens": 2, "model": "gpt-9"}, "not served"),
     ({"prompt": [5, 6], "max_tokens": 2, "stop": ["\n"]}, "stop strings"),
     ({"prompt": [5, 6], "max_tokens": 2, "cache_salt": 7}, "cache_salt"),

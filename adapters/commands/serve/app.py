@@ -177,9 +177,9 @@ class CompletionServer:
             raise BadRequest("stop_token_ids must be a list of token ids")
         if body.get("stop"):
             raise BadRequest("stop strings are not supported; use stop_token_ids")
-        if float(body.get("temperature", 0) or 0) != 0.0:
+        if body.get("temperature") not in (None, 0, 0.0) or isinstance(body.get("temperature"), bool):
             raise BadRequest("this server decodes greedily only: temperature must be 0")
-        if int(body.get("n", 1) or 1) != 1:
+        if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
             raise BadRequest("n must be 1")
         if body.get("stream"):
             raise BadRequest("streaming is not supported")
