@@ -519,8 +519,9 @@ def _tokenizer() -> Any:
 @fault("text_keyed_blocks", "A", "block_key",
        "a block is keyed on its decoded text, not its token ids: two segmentations of the same text "
        "(ids of '(' ')' vs the id of '()') share KV",
-       "text-mode prompt caches keyed on the prompt string (DESIGN.md: text is not an identity; "
-       "llama-cpp-python's LlamaRAMCache keys tokens, an HTTP gateway keys text); BUG_CLASSES A",
+       "a prompt cache keyed on text, as a text-mode server or gateway may key it; one text is many id "
+       "sequences (mlc-llm 3179 and llama.cpp 11970: the same text tokenized two ways; DESIGN.md: text is "
+       "not an identity), so a text key serves one segmentation's KV to another (BUG_CLASSES A)",
        ("isolation", "parity", "history_independence"))
 class TextKeyedBlocks(PrefixCache):
     def block_key(self, parent: str | None, tokens: Any, identity: Any) -> str:

@@ -97,13 +97,20 @@ NEEDS_SITUATION = {
     "text_keyed_blocks": "the same text under another segmentation, blocks of equal token counts",
     "tf32_hit_logits": "a near-tie (margin < ~2e-3) at the first token of a request with a prefix hit",
 }
-CAUGHT_TODAY: set[str] = set()  # of NEEDS_SITUATION: those today's derandomised CI stream already catches
+# Of those, the ones today's derandomised CI stream catches within 31 examples (measured: first failure at
+# example 3, 31, 31), run in CI like the classic faults ...
+CAUGHT_TODAY = {"max_tokens_window_overrun", "reload_stale_on_lookup", "scheduled_blocks_cached"}
+# ... and the ones it catches only late (first failure at example 72 of 100: a stop id inside a window
+# once in the run), not run in CI for their cost, above the bar of <= 30 examples.
+CAUGHT_LATE = {"stop_checked_on_last_token": 72, "length_checked_before_stop": 72}
 
 
 def _zoo_param(name: str):
     if name in NEEDS_SITUATION and name not in CAUGHT_TODAY:
-        return pytest.param(name, marks=pytest.mark.xfail(reason=f"needs: {NEEDS_SITUATION[name]}", run=False,
-                                                          strict=False))
+        why = (f"caught only at example {CAUGHT_LATE[name]} of the derandomised CI run" if name in CAUGHT_LATE
+               else "not caught by the CI stream")
+        return pytest.param(name, marks=pytest.mark.xfail(reason=f"{why}; needs: {NEEDS_SITUATION[name]}",
+                                                          run=False, strict=False))
     return name
 
 
@@ -195,7 +202,7 @@ def test_every_fault_has_a_committed_witness():
 
 
 def test_every_fault_awaiting_a_situation_is_a_fault():
-    assert set(NEEDS_SITUATION) <= set(FAULTS) and CAUGHT_TODAY <= set(NEEDS_SITUATION)
+    assert set(NEEDS_SITUATION) <= set(FAULTS) and CAUGHT_TODAY | set(CAUGHT_LATE) <= set(NEEDS_SITUATION)
 
 
 @pytest.mark.parametrize("path", WITNESSES, ids=lambda p: p.stem)
