@@ -18,6 +18,11 @@ scipy_stats = pytest.importorskip("scipy.stats")
 # --------------------------------------------------------------------------- statistics
 
 
+@pytest.mark.parametrize("k, lam", [(0, 0.5), (1, 0.5), (3, 0.1), (9, 10.1)])
+def test_poisson_tail_is_exact(k, lam):
+    assert numerics.poisson_sf(k, lam) == pytest.approx(scipy_stats.poisson.sf(k - 1, lam), rel=1e-9)
+
+
 @pytest.mark.parametrize("k, n, p", [(0, 10, 0.3), (3, 10, 0.3), (10, 10, 0.3), (5, 1000, 0.001), (40, 3000, 0.01)])
 def test_binomial_tail_is_exact(k, n, p):
     assert numerics.binom_sf(k, n, p) == pytest.approx(scipy_stats.binom.sf(k - 1, n, p), rel=1e-9, abs=1e-300)
@@ -43,8 +48,13 @@ def test_a_feature_flipping_near_ties_more_often_than_plain_is_flagged_and_an_eq
            "mode=assisted": {"steps": 400, "near_ties": 0}}
     flags = numerics.feature_flags(per)
     assert [f["feature"] for f in flags] == ["mode=batch"] and flags[0]["bonferroni_level"] == 0.005
-    cal = numerics.Calibration("x", "e", {}, 0.1, plain_flips=9, plain_steps=400, data={})
-    assert numerics.feature_flags(per, cal) == []  # a plain rate that high explains 9/400
+    noise = sorted([0.0] * 900 + [0.05] * 100)  # plain flips a step of margin < 0.05 one time in ten
+    cal = numerics.Calibration("x", "e", {}, 0.1, plain_flips=9, plain_steps=400, data={"plain_noise": noise})
+    assert cal.flip_probability(0.01) == pytest.approx(101 / 1001) and cal.flip_probability(0.2) == 1 / 1001
+    steered = {"mode=batch": {"steps": 100, "near_ties": 9, "expected": 100 * cal.flip_probability(0.01)}}
+    assert numerics.feature_flags({**per, **steered}, cal) == []  # 9 flips at 100 near-tie steps: as plain
+    confident = {"mode=batch": {"steps": 100, "near_ties": 9, "expected": 100 * cal.flip_probability(0.2)}}
+    assert [f["feature"] for f in numerics.feature_flags({**per, **confident}, cal)] == ["mode=batch"]
 
 
 def test_features_are_the_knobs_away_from_their_first_value():

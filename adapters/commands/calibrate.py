@@ -162,12 +162,14 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
     samples: dict[str, list[float]] = {"batch": [], "oracle": []}
     flips: list[dict[str, Any]] = []
     plain_flips = plain_steps = 0
+    plain_noise: list[float] = []  # plain outputs (alone and batched) against the oracle, per shared step
 
     def against_oracle(i: int, out: Baseline) -> None:
         nonlocal plain_flips, plain_steps
         deltas, flip = compare_runs(oracle[i], out)
         plain_steps += len(deltas)
         plain_flips += flip is not None
+        plain_noise.extend(deltas)
 
     for i, (o, a) in enumerate(zip(oracle, alone)):
         deltas, flip = compare_runs(o, a)
@@ -204,6 +206,8 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
                             "what": "plain outputs (alone and in every batch) diverging from the oracle, per "
                                     "step compared"},
         "flips": flips,
+        # sorted: `kvparity run --calibration` reads P(noise > margin) from it (numerics.flip_probability)
+        "plain_noise": sorted(round(x, 7) for x in plain_noise),
         "seconds": round(time.monotonic() - started, 1),
     }
 
