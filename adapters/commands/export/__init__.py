@@ -97,9 +97,11 @@ def render(plan: dict, exporter, witness: str, args: dict | None = None, out: st
            f'"""\n')
     helpers = "".join("\n\n" + inspect.getsource(fn) for fn in getattr(exporter, "HELPERS", ()))
     if helpers:  # the names their annotations use
-        helpers = "\n\n# --- the adapter's own helpers, embedded by source ---\nfrom typing import Any, Mapping, Sequence  # noqa: F401 (not every helper uses each)\n" + helpers
+        helpers = ("\n\n# --- the adapter's own helpers, embedded by source ---\n"
+                   "from typing import Any, Mapping, Sequence  # noqa: F401 (not every helper uses each)\n" + helpers)
     runtime = _without_docstring(RUNTIME.read_text())
-    return ("#!/usr/bin/env python3\n" + doc + "\nfrom __future__ import annotations  # the embedded helpers' type hints stay unevaluated\n\n"
+    return ("#!/usr/bin/env python3\n" + doc
+            + "\nfrom __future__ import annotations  # the embedded helpers' type hints stay unevaluated\n\n"
             "# --- the checker shared by every reproducer (kvparity adapters/commands/export/runtime.py) ---\n"
             + runtime + helpers + "\n" + exporter.DRIVER.strip("\n") + "\n\n\n"
             "# --- the witness: steps, requests (token ids, identities) and the oracle's expected outputs ---\n"
@@ -115,11 +117,11 @@ def export(witness: str | os.PathLike, out: str | os.PathLike, engine: str | Non
     from adapters.commands.export import plan as plans
     from conformance.cli import read_witness
 
-    raw = plans._witness_json(Path(witness))
+    raw = plans.witness_json(Path(witness))
     named = raw.get("engine")
     target = engine or named
     exporter = exporter_for(str(target))
-    name, args, check, steps = read_witness(witness, None if engine is None or engine == named else engine)
+    _, args, check, steps = read_witness(witness, None if engine is None or engine == named else engine)
     if target != named:
         args = {}  # the witness's engine arguments belong to its own engine
     args = {**args, **(engine_args or {})}
@@ -165,10 +167,11 @@ def work(args: argparse.Namespace) -> int:
     import sys
 
     from conformance.cli import EXIT_USAGE
+    from conformance.contract import EngineError
 
     try:
         out = export(args.witness, args.out, args.engine, args.engine_args)
-    except UsageError as exc:
+    except (UsageError, EngineError) as exc:  # EngineError: an adapter built for its oracle failed
         print(f"kvparity export: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
     print(f"wrote {out}: python {out}  (0 = every claim held, 1 = still misbehaves, 3 = could not run)")

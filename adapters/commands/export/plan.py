@@ -27,7 +27,7 @@ from conformance.contract import Baseline, Capabilities, Request, UsageError
 FORMAT = 1
 
 
-def _witness_json(path: Path) -> dict[str, Any]:
+def witness_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -97,7 +97,7 @@ def build(path: str | Path, exporter: ModuleType, target: str, named: str, args:
     from conformance.strategies import Configure, Reset
 
     path = Path(path)
-    data = _witness_json(path)
+    data = witness_json(path)
     history = _history(path) if target == named else None
 
     def built_caps() -> Capabilities:
