@@ -282,9 +282,12 @@ def _continue(s: Stream) -> tuple:
 
 
 def _restop(s: Stream) -> tuple:
+    # Past position 0 and within max_tokens: a stop that fires where a draft run can carry it (a stop at
+    # position 0 is the prefill's token, never a draft's; random stop ids fire there already).
     parent = s.draw(st.sampled_from(s.pool))
-    return (Continuation(s.next_id(), parent.id, s.draw(token_lists(s.caps, 1)), s.draw(st.integers(2, MAX_NEW)),
-                         (), parent.identity, s.top, restop=s.draw(st.integers(0, MAX_NEW - 1))),)
+    budget = s.draw(st.integers(2, MAX_NEW))
+    return (Continuation(s.next_id(), parent.id, s.draw(token_lists(s.caps, 1)), budget,
+                         (), parent.identity, s.top, restop=s.draw(st.integers(1, budget - 1))),)
 
 
 def _poison(s: Stream) -> tuple:
@@ -382,8 +385,14 @@ def _near_tie(s: Stream) -> tuple:
 def _respell(s: Stream) -> None:
     # One text in two spellings, one batch after the other: the first warms the cache, the second must
     # not be served its KV (a cache keyed on text, or an engine that re-tokenises, confuses them).
-    one, other = s.draw(st.sampled_from(s.caps.landmarks.same_text))
+    # Half the time two pairs swapped the opposite ways, so both spellings have as many tokens (and
+    # every block the same text and token count: a block key built from text collides then too).
+    pairs = s.caps.landmarks.same_text
+    one, other = s.draw(st.sampled_from(pairs))
     if s.draw(st.booleans()):
+        one2, other2 = s.draw(st.sampled_from(pairs))
+        one, other = one + other2, other + one2
+    elif s.draw(st.booleans()):
         one, other = other, one
     base = s.fresh_request()
     room = min(s.top - max(len(one), len(other)), 2 * s.bs + 1)
