@@ -1,7 +1,7 @@
 """`kvparity serve`: the reference engine behind an OpenAI-compatible server, driven over real HTTP on
 127.0.0.1 (a free port) — by raw requests for the wire format, and by the HTTP adapter (`serve=kvparity`)
-for the suite: a short run passes, and the committed fault-zoo witness of `salt_ignored` replays FAILED
-through the server with the fault planted and FIXED without it. The continuous-batching loop is also
+for the suite: a dev-profile run passes, and the committed fault-zoo witness of `salt_ignored` replays
+FAILED through the server with the fault planted. The continuous-batching loop is also
 tested in-process (requests joining a running batch; a failing step answers every request in flight)."""
 
 from __future__ import annotations
@@ -109,18 +109,19 @@ def test_concurrent_requests_run_in_one_batch(served):
 def test_a_short_suite_run_passes(served, tmp_path):
     from conformance.runner import run_suite
 
-    out = run_suite(served, engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=5, max_examples=4,
+    # the dev profile's 12 examples settle every claim (closing steps); the CI profile's 100 take ~3 min here
+    out = run_suite(served, engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=5,
                     database_dir=tmp_path, shrink=False)
     assert out.verdict == "pass", out.analysis.checks
 
 
-@pytest.mark.parametrize("fault, word", [("salt_ignored", "FAILED"), ("none", "FIXED")])
-def test_salt_ignored_witness_through_the_server(fault, word):
+def test_salt_ignored_witness_fails_through_the_server():
+    """(The correct server passes the suite above; this is the other way round.)"""
     from conformance.cli import replay_case
 
-    got, _, detail = replay_case(WITNESS, {"serve": "kvparity", "block_size": "16", "fault": fault, "stagger_ms": "0"},
+    got, _, detail = replay_case(WITNESS, {"serve": "kvparity", "block_size": "16", "fault": "salt_ignored"},
                                  timeout_s=120, engine="openai_http")
-    assert got == word, detail
+    assert got == "FAILED" and "tenant-a" in detail, detail
 
 
 def test_global_scope_drops_tenancy_and_user_scope_keeps_both():
