@@ -21,6 +21,7 @@ sends a provider hundreds of requests, which is a decision to take on purpose, n
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import ipaddress
 import pathlib
 import random
@@ -82,6 +83,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a target that is not loopback (you are about to send it hundreds of requests)")
     args = p.parse_args(argv)
+    if importlib.util.find_spec("scipy") is None:
+        raise UsageError("kvparity audit-timing needs scipy (its KS test): pip install 'kvparity[serve]'")
     u = urllib.parse.urlsplit(args.base_url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise UsageError(f"--base-url {args.base_url!r}: expected http://HOST:PORT")
@@ -154,7 +157,7 @@ def audit(args: argparse.Namespace) -> int:
     code, conclusion = decide(results)
     report.write(args.out, target=args.base_url, version=version, levels=results, procedure=procedure,
                  client=client, seed=args.seed, elapsed_s=time.monotonic() - start, exit_code=code,
-                 conclusion=conclusion)
+                 conclusion=conclusion, plot=importlib.util.find_spec("matplotlib") is not None)
     for r in results:
         t = r.final
         print(f"{r.level:13s} {r.verdict:34s} p = {t.pvalue:.3g}  (D = {t.statistic:.3f}, {r.probes} probes)")

@@ -30,6 +30,8 @@ from conformance.contract import UsageError
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    if importlib.util.find_spec("aiohttp") is None:
+        raise UsageError("kvparity serve needs aiohttp: pip install 'kvparity[serve]'")
     from adapters.commands.serve.app import SCOPES
 
     p = UsageParser(prog="kvparity serve", description="The reference engine behind an OpenAI-compatible server.")
@@ -48,8 +50,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port}: not a port number")
-    if importlib.util.find_spec("aiohttp") is None:
-        raise UsageError("kvparity serve needs aiohttp: pip install 'kvparity[serve]'")
     from conformance.registry import parse_engine_args
 
     args.engine_args = parse_engine_args(args.engine_arg)
