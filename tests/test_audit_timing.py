@@ -76,6 +76,11 @@ def test_global_scope_is_detected_across_tenants(server, tmp_path):
     assert code == 1 and row["verdict"] == "sharing detected"
     assert row["pvalue"] < 1e-8 and row["probes"] <= 500
     assert (tmp_path / "ttft.png").stat().st_size > 0 and "LEAK" in (tmp_path / "report.md").read_text()
+    from adapters.commands.audit_timing.report import replot
+
+    (tmp_path / "ttft.png").unlink()
+    replot(tmp_path)  # the same figure again, from results.json alone
+    assert (tmp_path / "ttft.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("server", [("tenant", {})], indirect=True)

@@ -90,3 +90,14 @@ def _plot(path: pathlib.Path, levels: Sequence[LevelResult], target: str) -> Non
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def replot(folder: pathlib.Path) -> None:
+    """Redraw `ttft.png` of an audit folder from its results.json (the same data, e.g. after a plot fix)."""
+    from types import SimpleNamespace
+
+    data = json.loads((folder / "results.json").read_text())
+    levels = [SimpleNamespace(level=row["level"], verdict=row["verdict"], final=SimpleNamespace(pvalue=row["pvalue"]),
+                              hits=data["ttft_s"][row["level"]]["hit"], misses=data["ttft_s"][row["level"]]["miss"])
+              for row in data["levels"]]
+    _plot(folder / "ttft.png", levels, data["target"])
