@@ -110,7 +110,7 @@ def _calibrate(tiny, tmp_path, dtype: str):
 
     out = tmp_path / f"{dtype}.json"
     code = main(["--engine", "transformers", "--engine-arg", f"model={tiny}", "--engine-arg", f"dtype={dtype}",
-                 "--prompts", "8", "--max-tokens", "6", "--batch-sizes", "2,4", "--out", str(out)])
+                 "--prompts", "6", "--max-tokens", "5", "--batch-sizes", "2,3", "--out", str(out)])
     assert code == 0
     return out, json.loads(out.read_text())
 
