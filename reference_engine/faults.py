@@ -479,16 +479,16 @@ class ScheduledBlocksCached(Scheduler):
 
 
 @fault("identity_joined_with_separator", "A", "identity_fields",
-       "salt and adapter joined into one namespace string with ':' (salt 'x:upper@D' without an adapter "
-       "is salt 'x' with adapter upper@D)",
-       "vLLM 44701 and SGLang 24638 (extra keys combined without domain separation); here with a "
-       "separator that can occur inside a salt, so only a salt containing it collides — distinct from "
-       "extra_keys_concatenated",
+       "salt and adapter name joined into one namespace string with ':' (salt 't:upper' without an adapter "
+       "is salt 't' with adapter 'upper')",
+       "vLLM 44701 and SGLang 24638 (extra keys combined without domain separation), here with a separator "
+       "that can occur inside a salt, so only a salt containing it collides — distinct from "
+       "extra_keys_concatenated; keyed by adapter name as vLLM keys LoRAs, so an in-place reload collides "
+       "too (vLLM 30931)",
        ("isolation", "parity"))
 class IdentityJoinedWithSeparator(PrefixCache):
     def identity_fields(self, identity: Any) -> list:
-        adapter = f"{identity.adapter}@{identity.adapter_digest}" if identity.adapter is not None else None
-        namespace = ":".join(p for p in (identity.salt, adapter) if p is not None)
+        namespace = ":".join(p for p in (identity.salt, identity.adapter) if p is not None)
         return [["revision_digest", identity.revision_digest], ["namespace", namespace]]
 
 

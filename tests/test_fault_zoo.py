@@ -92,7 +92,7 @@ NEEDS_SITUATION = {
     "max_tokens_window_overrun": "max_tokens reached before the last token of a verification window",
     "length_checked_before_stop": "an eos / stop id inside a window that also crosses max_tokens",
     "scheduled_blocks_cached": "same-batch sharing of a block still being computed, chunk % block size != 0",
-    "identity_joined_with_separator": "a salt containing ':' plus a declared adapter string (x:upper@digest)",
+    "identity_joined_with_separator": "salt 't:upper' vs salt 't' + adapter 'upper' (or an in-place reload)",
     "reload_stale_on_lookup": "an in-place adapter reload after the old binding warmed the prefix",
     "text_keyed_blocks": "the same text under another segmentation, blocks of equal token counts",
     "tf32_hit_logits": "a near-tie (margin < ~2e-3) at the first token of a request with a prefix hit",
