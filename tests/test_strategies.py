@@ -5,7 +5,7 @@ from __future__ import annotations
 from attrs import evolve
 from hypothesis import HealthCheck, find, given, settings
 
-from conformance.contract import Capabilities
+from conformance.contract import Capabilities, Landmarks, NearTie
 from conformance.history import capabilities_from, encode
 from conformance.strategies import Batch, Configure, Continuation, scenarios
 
@@ -31,6 +31,22 @@ def longest_under_small_pool(steps) -> int:
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(scenarios(CAPS))
 def test_requests_fit_the_context_of_their_configuration(steps):
+    assert longest_under_small_pool(steps) <= 64
+
+
+# Every identity input, adapters with two weights each, and landmarks: the steering steps (reload,
+# collide, respell, near_tie, sharers) apply too, and must keep within the limit as well.
+FULL = evolve(CAPS, identities={"salt", "adapter", "revision"}, revisions=("a", "b"),
+              adapters=("x@d1", "x@d2", "y@d1", "y@d2"), prefix_caching=True, reports_cached_tokens=True,
+              config_space={"pool_tokens": (4096, 64), "block_size": (16, 32)},
+              knob_roles={"pool_tokens": "cache", "block_size": "cache"},
+              landmarks=Landmarks(near_ties=(NearTie("a", tuple(range(5, 29))),),
+                                  same_text=(((300,), (301, 302)), ((303,), (304, 305)))))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(scenarios(FULL))
+def test_steered_requests_fit_the_context_of_their_configuration(steps):
     assert longest_under_small_pool(steps) <= 64
 
 
