@@ -14,7 +14,7 @@ from conformance.contract import Baseline, Capabilities, Identity, Request, Resu
 from conformance.history import (HistoryWriter, NotAHistory, capabilities_from, encode, load, read_events, request_from,
                                  result_from)
 from conformance.oracle import DIVERGE, EQUAL, FINISH, NEAR_TIE, Oracle, compare, compare_pair
-from conformance.strategies import (Batch, Configure, Continuation, all_identities, max_prompt_len, scenarios,
+from conformance.strategies import (adapter_bindings, Batch, Configure, Continuation, all_identities, max_prompt_len, scenarios,
                                     step_from_json, step_to_json, token_range)
 
 CAPS = Capabilities(name="t", vocab_size=64, max_context=128, eos_id=5, block_size=4, identities={"salt", "adapter"},
@@ -138,13 +138,17 @@ def test_compare_pair_near_tie_only_on_the_baseline_path():
 def test_scenarios_respect_declared_capabilities(steps):
     lo, hi = token_range(CAPS)
     idents = set(all_identities(CAPS))
+    bindings = set(adapter_bindings(CAPS))
     for step in steps:
         if isinstance(step, Configure):
             assert all(v in CAPS.config_space[k] for k, v in step.config.items())
         if isinstance(step, Batch):
             assert 1 <= len(step.items) <= 4
             for item in step.items:
-                assert 1 <= item.max_tokens <= 16 and item.identity in idents
+                i = item.identity
+                # the declared identities, or one `collide` built: any salt over declared weights
+                assert i in idents or (i.revision in CAPS.revisions and (i.adapter, i.adapter_digest) in bindings)
+                assert 1 <= item.max_tokens <= 16
                 tokens = item.extra if isinstance(item, Continuation) else item.prompt
                 assert all(lo <= t <= hi and t != CAPS.eos_id for t in tokens)
                 if isinstance(item, Request):
