@@ -357,25 +357,30 @@ def _landmark_identity(s: Stream, revision: str) -> Identity:
 
 
 def _eos_paths(s: Stream) -> list[EosPath]:
+    # Longest continuation first: Hypothesis favours the first element, and eos deep in a window is
+    # the rare case (eos at position 0 comes from the prefill, never from a draft).
     revs = landmark_revisions(s)
-    return [p for p in s.caps.landmarks.eos_paths
-            if p.revision in revs and len(p.prompt) + len(p.continuation) <= s.top]
+    return sorted((p for p in s.caps.landmarks.eos_paths
+                   if p.revision in revs and len(p.prompt) + len(p.continuation) <= s.top),
+                  key=lambda p: -len(p.continuation))
 
 
 def _eos(s: Stream) -> tuple:
     # eos at output position `at` of a known eos path: inside a draft run, as the bonus token, as the
     # last token max_tokens allows, or just past it (then the request ends on length one token short).
-    # Two offsets of one path in a step: the second shares the first's prompt, so it meets eos on a
-    # warm cache.
+    # Often a second offset of the same path in the next batch: it shares the first's prompt, so it
+    # meets eos on a warm cache.
     path = s.draw(st.sampled_from(_eos_paths(s)))
     ident = _landmark_identity(s, path.revision)
     items = []
     for _ in range(s.draw(st.integers(1, 2))):
-        at = s.draw(st.integers(0, len(path.continuation)))
+        at = len(path.continuation) - s.draw(st.integers(0, len(path.continuation)))  # deepest first
         prompt = path.prompt + path.continuation[:len(path.continuation) - at]
         budget = s.draw(st.one_of(st.integers(at + 1, MAX_NEW), st.sampled_from((at + 1, max(1, at)))))
         items.append(Request(s.next_id(), prompt, budget, s.draw(stop_ids(s.caps)), ident))
-    return tuple(items)
+    for warm in items[:-1]:
+        s.add_batch((warm,))
+    return items[-1:]
 
 
 def _near_tie(s: Stream) -> tuple:
@@ -554,6 +559,18 @@ def _pressure_tail(s: Stream) -> None:
     s.add_batch(_flood(s))
 
 
+def speculating(s: Stream) -> dict[str, Any]:
+    """The configuration in effect with every speculation knob off its first value (the default, which
+    is usually "off")."""
+    return {**s.current, **{k: s.draw(st.sampled_from(tuple(s.caps.config_space[k])[1:])) for k in s.spec}}
+
+
+def _eos_tail(s: Stream) -> None:
+    if s.spec and s.draw(st.booleans()):
+        s.configure(speculating(s))
+    s.add_batch(_eos(s))
+
+
 def _as_tail(kind: StepKind) -> Callable[[Stream], None]:
     def tail(s: Stream) -> None:
         items = kind.build(s)
@@ -575,6 +592,9 @@ TAILS = (
     # (lmdeploy 4917) — the fault zoo's `cached_count_stale` went uncaught without it once the tails
     # above took their share of the scenario.
     StepKind("flush_resend", _flush_tail, lambda s: bool(s.pool)),
+    # eos (where the engine's landmarks say it fires), half the time with speculation switched on:
+    # eos inside a draft run or as the bonus token needs both, and neither comes by chance.
+    StepKind("eos", lambda s: _eos_tail(s), STEP_KINDS["eos"].applies),
 )
 
 # Steering tails, each in a quarter of the scenarios (two fair booleans): the situations a random
@@ -583,7 +603,7 @@ TAILS = (
 # near_tie step in ~400 when it was a kind), while booleans are fair in every seed (30-60 of 100).
 # A quarter, not a half: 25 occurrences per 100 examples is plenty, and each adds one or two batches.
 STEERING = tuple(StepKind(k.name, _as_tail(k), k.applies) for k in (
-    STEP_KINDS["restop"], STEP_KINDS["eos"], STEP_KINDS["near_tie"], STEP_KINDS["respell"],
+    STEP_KINDS["restop"], STEP_KINDS["near_tie"], STEP_KINDS["respell"],
     STEP_KINDS["collide"], STEP_KINDS["reload"], STEP_KINDS["sharers"]))
 
 
