@@ -217,7 +217,7 @@ def _in_flight_sharers(h: History):
                 shared = max((lcp(q.prompt, p) for ident, p in earlier if ident == q.identity), default=0)
                 before = max((lcp(q.prompt, p) for ident, p in sent if ident == q.identity), default=0)
                 if shared >= bs and shared // bs > before // bs:
-                    yield b, q, r
+                    yield b, i, q, r
             sent.extend((p.identity, p.prompt) for p in b.requests)
 
 
@@ -227,10 +227,18 @@ def shared_in_flight(h: History) -> int:
     return sum(1 for _ in _in_flight_sharers(h))
 
 
+def _chunked_pair(h: History, b, i: int, q, r) -> bool:
+    """The sharer, or an earlier member of its batch it shares a block with (the one computing it), was
+    prefilled in chunks."""
+    bs = _block(h, b)
+    return chunked(r) or any(chunked(b.results[j]) and b.requests[j].identity == q.identity
+                             and lcp(q.prompt, b.requests[j].prompt) >= bs for j in range(i))
+
+
 @situation(title="... and its prefill is chunked", claim="chunked prefill",
            relevant=lambda caps: _cache(caps) and caps.chunked_prefill)
 def shared_in_flight_chunked(h: History) -> int:
-    return sum(chunked(r) for _, _, r in _in_flight_sharers(h))
+    return sum(_chunked_pair(h, b, i, q, r) for b, i, q, r in _in_flight_sharers(h))
 
 
 # -- inputs that only a careless key confuses --------------------------------------------------------

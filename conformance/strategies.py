@@ -565,10 +565,25 @@ def speculating(s: Stream) -> dict[str, Any]:
     return {**s.current, **{k: s.draw(st.sampled_from(tuple(s.caps.config_space[k])[1:])) for k in s.spec}}
 
 
+def scheduling(s: Stream) -> dict[str, Any]:
+    """The configuration in effect with every schedule knob (chunk size, token budget) off its first value."""
+    knobs = [k for k, v in sorted(s.caps.config_space.items())
+             if s.caps.knob_roles.get(k) == "schedule" and len(tuple(v)) > 1]
+    return {**s.current, **{k: s.draw(st.sampled_from(tuple(s.caps.config_space[k])[1:])) for k in knobs}}
+
+
+def _switched(s: Stream, switch: Callable[[Stream], dict[str, Any]], kind: StepKind) -> None:
+    """`kind`, half the time after switching the configuration with `switch` (when that changes it)."""
+    if s.caps.config_space and s.draw(st.booleans()):
+        config = switch(s)
+        if config != s.current:
+            s.configure(config)
+    if kind.applies(s):
+        _as_tail(kind)(s)
+
+
 def _eos_tail(s: Stream) -> None:
-    if s.spec and s.draw(st.booleans()):
-        s.configure(speculating(s))
-    s.add_batch(_eos(s))
+    _switched(s, speculating, STEP_KINDS["eos"])
 
 
 def _as_tail(kind: StepKind) -> Callable[[Stream], None]:
@@ -595,6 +610,10 @@ TAILS = (
     # eos (where the engine's landmarks say it fires), half the time with speculation switched on:
     # eos inside a draft run or as the bonus token needs both, and neither comes by chance.
     StepKind("eos", lambda s: _eos_tail(s), STEP_KINDS["eos"].applies),
+    # A stop id past position 0 likewise (a stop inside a draft run).
+    StepKind("restop", lambda s: _switched(s, speculating, STEP_KINDS["restop"]), STEP_KINDS["restop"].applies),
+    # Requests sharing a prefix nobody sent yet, half the time with chunked prefill switched on.
+    StepKind("sharers", lambda s: _switched(s, scheduling, STEP_KINDS["sharers"]), STEP_KINDS["sharers"].applies),
 )
 
 # Steering tails, each in a quarter of the scenarios (two fair booleans): the situations a random
@@ -603,8 +622,7 @@ TAILS = (
 # near_tie step in ~400 when it was a kind), while booleans are fair in every seed (30-60 of 100).
 # A quarter, not a half: 25 occurrences per 100 examples is plenty, and each adds one or two batches.
 STEERING = tuple(StepKind(k.name, _as_tail(k), k.applies) for k in (
-    STEP_KINDS["restop"], STEP_KINDS["near_tie"], STEP_KINDS["respell"],
-    STEP_KINDS["collide"], STEP_KINDS["reload"], STEP_KINDS["sharers"]))
+    STEP_KINDS["near_tie"], STEP_KINDS["respell"], STEP_KINDS["collide"], STEP_KINDS["reload"]))
 
 
 @st.composite

@@ -108,7 +108,9 @@ def reuse_scan(h: History) -> Iterable[tuple[BatchRecord, int, Request, Result, 
 
     Yields (batch, i, request, result, same, other) where `same` is the longest prefix shared with
     earlier same-identity traffic in this example's cache epoch and `other` the longest shared with
-    traffic of a different identity. Earlier requests of the same batch count (arrival order).
+    traffic of a different identity. Earlier requests of the same batch count (arrival order); for
+    `same`, so do the batch's later ones: an engine that serves concurrent requests may take them in
+    another order (an HTTP server does), and KV shared within one identity is never a leak.
     """
     for ex in h.examples:
         seen: list[tuple[Identity, tuple[int, ...]]] = []
@@ -117,7 +119,9 @@ def reuse_scan(h: History) -> Iterable[tuple[BatchRecord, int, Request, Result, 
             if b.epoch != epoch:
                 seen, epoch = [], b.epoch
             for i, q, r in b.pairs():
-                same = max((lcp(q.prompt, s) for ident, s in seen if ident == q.identity), default=0)
+                later = [p.prompt for p in b.requests[i + 1:] if p.identity == q.identity]
+                same = max([lcp(q.prompt, s) for ident, s in seen if ident == q.identity]
+                           + [lcp(q.prompt, s) for s in later], default=0)
                 other = max((lcp(q.prompt, s) for ident, s in seen if ident != q.identity), default=0)
                 yield b, i, q, r, same, other
                 seen.append((q.identity, q.prompt))
