@@ -58,5 +58,6 @@ def shipped_landmarks() -> Landmarks:
     eos = [EosPath(rev, p, c) for rev, paths in sorted((data.get("eos_paths") or {}).items()) for p, c in paths]
     ties = [NearTie(rev, p) for rev, prompts in sorted((data.get("near_ties") or {}).items()) for p in prompts]
     tok_file = pathlib.Path(checkpoints.revision_dir("a")) / "tokenizer.json"
-    pairs = same_text_pairs(Tokenizer.from_file(str(tok_file)), Tokenizer.from_file(str(tok_file)).get_vocab_size())
+    tokenizer = Tokenizer.from_file(str(tok_file))
+    pairs = same_text_pairs(tokenizer, tokenizer.get_vocab_size())
     return Landmarks(tuple(eos), tuple(ties), pairs)

@@ -201,16 +201,26 @@ def _block(h: History, b) -> int:
     return config_block_size(b.config, h.capabilities.block_size if h.capabilities else 16)
 
 
+def _epochs(h: History):
+    """Each example's batches, one cache epoch (reset to reset) at a time: reuse is only possible within one."""
+    for ex in h.examples:
+        run: list = []
+        for b in ex.batches:
+            if run and b.epoch != run[-1].epoch:
+                yield run
+                run = []
+            run.append(b)
+        if run:
+            yield run
+
+
 def _in_flight_sharers(h: History):
     """Per batch, the requests that share at least one full block of prompt with an earlier request of
     the same batch and identity, where no earlier batch of the cache epoch sent that block: KV one of
     them is still computing when the other wants it."""
-    for ex in h.examples:
+    for batches in _epochs(h):
         sent: list = []
-        epoch = None
-        for b in ex.batches:
-            if b.epoch != epoch:
-                sent, epoch = [], b.epoch
+        for b in batches:
             bs = _block(h, b)
             for i, q, r in b.pairs():
                 earlier = [(p.identity, p.prompt) for p in b.requests[:i]]
@@ -260,21 +270,13 @@ def collide(a, b) -> bool:
            claim="identities", relevant=lambda caps: {"salt", "adapter"} <= caps.identities)
 def naive_identity_collision(h: History) -> int:
     n, threshold = 0, cross_identity_threshold(h.capabilities)
-    for ex in h.examples:
+    for batches in _epochs(h):
         seen: list = []
-        epoch = None
-        for b in ex.batches:
-            if b.epoch != epoch:
-                seen, epoch = [], b.epoch
+        for b in batches:
             for q in b.requests:
                 n += any(collide(q.identity, o) and lcp(q.prompt, p) >= threshold for o, p in seen)
                 seen.append((q.identity, q.prompt))
     return n
-
-
-def respelled(caps: Capabilities, a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    """Are `a` and `b` distinct id sequences of one text, by the engine's same-text pairs?"""
-    return a != b and _canonical(caps, a) == _canonical(caps, b)
 
 
 def _canonical(caps: Capabilities, ids: tuple[int, ...]) -> tuple[int, ...]:
@@ -295,12 +297,9 @@ def same_text_other_ids(h: History) -> int:
     caps, n = h.capabilities, 0
     if caps is None or not caps.landmarks.same_text:
         return 0
-    for ex in h.examples:
+    for batches in _epochs(h):
         seen: set = set()
-        epoch = None
-        for b in ex.batches:
-            if b.epoch != epoch:
-                seen, epoch = set(), b.epoch
+        for b in batches:
             for q in b.requests:
                 key = (q.identity, _canonical(caps, q.prompt))
                 n += any(k == key and p != q.prompt for k, p in seen)
