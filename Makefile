@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY    := $(VENV)/bin/python
 EXTRAS ?= dev
 
-.PHONY: setup chromium run test reports reports-fault-zoo reports-economics
+.PHONY: setup chromium run test reports reports-fault-zoo reports-economics reports-museum
 setup: $(VENV)/.kvparity-installed
 
 $(VENV)/.kvparity-installed: pyproject.toml
@@ -41,6 +41,10 @@ test: setup chromium
 ZOO_NOTES := .kvparity/fault-zoo-notes.md
 
 reports: reports-fault-zoo reports-economics
+
+# The bug museum (reports/museum.md): builds one venv per engine release under .kvparity/venvs (GBs; hours).
+reports-museum: setup
+	$(VENV)/bin/kvparity museum --runs reports/museum --out reports/museum.md
 
 reports-fault-zoo: setup
 	mkdir -p $(dir $(ZOO_NOTES))
