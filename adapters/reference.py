@@ -164,7 +164,7 @@ class ReferenceAdapter:
             g = greedy(model, request.prompt, request.max_tokens, request.stop_ids)
         except ReferenceEngineError as e:
             raise UsageError(f"request {request.id}: {e}") from e
-        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up)
+        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up, g.contenders)
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         try:

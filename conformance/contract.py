@@ -92,14 +92,25 @@ class Result:
     extra: Mapping[str, Any] = field(factory=dict)
 
 
+def _contenders(values: Sequence[Sequence[Sequence[float]]]) -> tuple[tuple[tuple[int, float], ...], ...]:
+    return tuple(tuple((int(t), float(g)) for t, g in step) for step in values)
+
+
 @frozen
 class Baseline:
-    """Plain greedy decoding of one request: the oracle's answer and, per step, the top-1/top-2 margin."""
+    """Plain greedy decoding of one request: the oracle's answer and, per step, the top-1/top-2 margin.
+
+    `contenders` (optional; () where the producer has none) gives per step the tokens after the top-1
+    whose logit is close to it, as (token, top-1 logit minus theirs), best first: a divergence to any of
+    them closer than tau is a near-tie too, not only one to the runner-up. The reference baseline records
+    up to 4 within 1 logit — enough for a bf16 engine (tau ~0.2) whose top three lie within its noise, and
+    nothing at the confident steps that make up most of a history."""
 
     output: tuple[int, ...] = field(converter=_tuple_of_ints)
     finish_reason: str
     margins: tuple[float, ...] = field(converter=lambda xs: tuple(float(x) for x in xs))
     runner_up: tuple[int, ...] = field(default=(), converter=_tuple_of_ints)
+    contenders: tuple[tuple[tuple[int, float], ...], ...] = field(default=(), converter=_contenders)
 
 
 def _token_tuples(values: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:

@@ -98,7 +98,7 @@ def result_from(d: Mapping[str, Any]) -> Result:
 
 def baseline_from(d: Mapping[str, Any]) -> Baseline:
     return Baseline(output=d["output"], finish_reason=d["finish_reason"], margins=d.get("margins", ()),
-                    runner_up=d.get("runner_up", ()))
+                    runner_up=d.get("runner_up", ()), contenders=d.get("contenders", ()))
 
 
 def capabilities_from(d: Mapping[str, Any]) -> Capabilities:

@@ -4,8 +4,10 @@ Greedy decoding is only well defined where the top-1 logit clearly beats the top
 shape on a cache hit can flip a genuine near-tie (BUG_CLASSES B, "numerics"), which is legitimate; a flip
 where the baseline was confident is a bug. So the first divergent position decides: if the baseline's
 top-1/top-2 margin there is below the engine's declared tolerance tau *and* the engine picked the
-runner-up, it is a near-tie — counted and reported, not a failure, and nothing after it can be compared
-(the two continuations now condition on different tokens). Anything else is a divergence.
+runner-up — or, where the baseline records the step's contenders, any token whose logit is within tau
+of the top-1 — it is a near-tie: counted and reported, not a failure, and nothing after it can be
+compared (the two continuations now condition on different tokens). Anything else is a divergence,
+including a pick the baseline cannot place within tau (fail closed).
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def compare(baseline: Baseline, output: Sequence[int], finish_reason: str, tau: 
     kind = DIVERGE
     if expected is not None and got is not None and margin is not None and margin < tau:
         runner_up = _at(baseline.runner_up, pos)
-        if runner_up is None or runner_up == got:
+        contenders = dict(_at(baseline.contenders, pos) or ())
+        if runner_up is None or runner_up == got or contenders.get(got, tau) < tau:
             kind = NEAR_TIE
     return Comparison(kind, pos, expected, got, margin, baseline.finish_reason, finish_reason)
 

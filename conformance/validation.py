@@ -137,6 +137,12 @@ def baseline(q: Request, b: Any, caps: Capabilities) -> Baseline:
     for i, m in enumerate(b.margins):
         if not math.isfinite(m) or m < 0:
             raise EngineError(f"{where}: margins[{i}] = {m!r} is not a finite number >= 0")
+    if len(b.contenders) > len(b.output):
+        raise EngineError(f"{where}: contenders for {len(b.contenders)} steps, output has {len(b.output)}")
+    for i, step in enumerate(b.contenders):
+        _tokens([t for t, _ in step], caps.vocab_size, f"{where}: contenders[{i}]")
+        if any(not math.isfinite(g) or g < 0 for _, g in step):
+            raise EngineError(f"{where}: contenders[{i}] has a gap that is not a finite number >= 0")
     return b
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 
 from conformance.analysis import analyse
 from conformance.contract import Baseline, Capabilities, Identity, Request, Result
-from conformance.history import (HistoryWriter, NotAHistory, capabilities_from, encode, load, read_events, request_from,
+from conformance.history import (HistoryWriter, baseline_from, NotAHistory, capabilities_from, encode, load, read_events, request_from,
                                  result_from)
 from conformance.oracle import DIVERGE, EQUAL, FINISH, NEAR_TIE, Oracle, compare, compare_pair
 from conformance.strategies import (adapter_bindings, Batch, Configure, Continuation, all_identities, max_prompt_len, scenarios,
@@ -125,6 +125,30 @@ def test_compare_kinds():
     assert compare(base, [1, 8, 3], "length", 0.0).kind == DIVERGE  # tau = 0: no ties
     c = compare(base, [1, 2], "length", 0.25)
     assert (c.kind, c.position, c.expected, c.got) == (DIVERGE, 2, 3, None)
+
+
+def test_a_pick_among_several_close_contenders_is_judged_by_its_own_gap():
+    """bf16: top three within the noise. Picking the third at gap 0.05 < tau is a near-tie; at 0.3 it is
+    not, nor is a token the baseline does not place within tau, nor (without contenders) anything but
+    the runner-up."""
+    close = ((), ((8, 0.02), (7, 0.05), (6, 0.3)), ())
+    base = Baseline([1, 2, 3], "length", [3.0, 0.02, 3.0], [9, 8, 7], close)
+    assert compare(base, [1, 7, 4], "length", 0.25).kind == NEAR_TIE
+    assert compare(base, [1, 6, 4], "length", 0.25).kind == DIVERGE  # its gap is above tau
+    assert compare(base, [1, 5, 4], "length", 0.25).kind == DIVERGE  # not a contender: unplaceable, fail closed
+    assert compare(base, [1, 7, 4], "length", 0.04).kind == DIVERGE
+    assert compare(Baseline([1, 2, 3], "length", [3.0, 0.02, 3.0], [9, 8, 7]), [1, 7, 4], "length", 0.25).kind == DIVERGE
+    assert baseline_from(json.loads(json.dumps(encode(base)))) == base
+
+
+def test_the_reference_baseline_records_contenders_only_at_close_steps():
+    import torch
+
+    from reference_engine.baseline import CONTENDER_WINDOW, contenders
+
+    logits = torch.tensor([5.0, 4.9, 4.8, 1.0, 4.5, 0.0])
+    assert contenders(logits) == ((1, pytest.approx(0.1)), (2, pytest.approx(0.2)), (4, pytest.approx(0.5)))
+    assert contenders(torch.tensor([9.0, 9.0 - CONTENDER_WINDOW, 1.0, 0.0, 0.0])) == ()
 
 
 def test_compare_pair_near_tie_only_on_the_baseline_path():

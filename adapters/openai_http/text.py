@@ -63,7 +63,7 @@ class TextChannel:
         same = next((i for i, (x, y) in enumerate(zip(out, rt)) if x != y), min(len(out), len(rt)))
         floor = min(b.margins[same:], default=float("inf"))
         margins = tuple(b.margins[:same]) + (floor,) * (len(rt) + len(tail) - same)
-        return Baseline(tuple(rt + tail), b.finish_reason, margins, tuple(b.runner_up[:same]))
+        return Baseline(tuple(rt + tail), b.finish_reason, margins, tuple(b.runner_up[:same]), b.contenders[:same])
 
     def _piece_map(self) -> dict[str, int]:
         """Token text -> id for every piece of the vocabulary that decodes to a unique, non-empty string."""
