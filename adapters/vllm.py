@@ -15,6 +15,9 @@ Engine arguments (strings, as `--engine-arg k=v` gives them):
                              `LLM` instance (~20-60 s to start on 2 CPU cores); up to `max_live` are kept.
   max_live=4                 live `LLM` instances kept (LRU)
   max_num_seqs=8             vLLM rejects LoRA + speculation unless max_num_batched_tokens >= max_num_seqs*(k+1)
+  rebind=false               true: an adapter name may also be served with the other shipped adapter's weights,
+                             from that adapter's own folder (a name re-pointed at a new path, as a server that
+                             swaps an adapter version does); Capabilities.adapters then lists name@digest pairs
   max_loras=2                adapters resident at once; 1 makes vLLM schedule each adapter's requests apart, so
                              no step mixes two adapters (reports/vllm finding 1 needs two resident)
   dtype=float32, kv_space_gb=1, seed=0, tolerance=<measured default>, logprobs=true
@@ -46,6 +49,8 @@ import math
 import os
 import time
 from typing import Any, Mapping, Sequence
+
+from attrs import evolve
 
 from adapters import vllm_versions
 from adapters.engine_args import bool_arg, int_arg, list_arg, num_arg
@@ -149,7 +154,7 @@ class VllmAdapter:
                  max_live: str | int = 4, dtype: str = "float32", kv_space_gb: str | int = 1,
                  seed: str | int = 0, tolerance: str | float = DEFAULT_TOLERANCE, logprobs: str = "true",
                  model_dir: str = "", max_num_seqs: str | int = 8, model: str = "",
-                 max_loras: str | int = len(LORA_IDS)) -> None:
+                 max_loras: str | int = len(LORA_IDS), rebind: str = "false") -> None:
         from adapters import checkpoint_info
         from reference_engine import checkpoints
 
@@ -187,6 +192,9 @@ class VllmAdapter:
                                    if (checkpoints.adapter_dir(a) / "adapter_model.safetensors").exists())
         if not self.adapter_names:
             self.lora = False
+        # weights digest -> the shipped adapter whose weights they are (what a name@digest identity serves)
+        self.weights = {checkpoints.adapter_digest(a): a for a in self.adapter_names}
+        self.rebind = bool_arg("rebind", rebind) and self.lora
         self.revisions = tuple(list_arg(revisions)) or ("a",)
         for r in self.revisions:
             if r not in checkpoints.REVISIONS:
@@ -236,7 +244,7 @@ class VllmAdapter:
             chunked_prefill=c["max_num_batched_tokens"] is not None, evicts=False,
             top2_logits=self.want_logprobs, identities=self.identities,
             revisions=self.revisions if "revision" in self.identities else self.revisions[:1],
-            adapters=self.adapter_names if "adapter" in self.identities else (),
+            adapters=self.adapter_bindings() if "adapter" in self.identities else (),
             introspection=False, baseline_mode=False, tolerance=self.tolerance, config_space=space,
             knob_roles={k: KNOB_ROLES[k] for k in space},
             prefix_caching_off={"prefix_caching": ("false",)} if "prefix_caching" in space else {},
@@ -278,7 +286,10 @@ class VllmAdapter:
 
     def baseline(self, request: Request) -> Baseline:
         self._check_identity(request.identity)
-        return self._oracle.baseline(request)
+        ident = request.identity
+        if ident.adapter is not None:  # the oracle merges the weights the name is bound to
+            ident = evolve(ident, adapter=self.weights_of(ident), adapter_digest=None)
+        return self._oracle.baseline(evolve(request, identity=ident))
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         for q in requests:
@@ -313,9 +324,9 @@ class VllmAdapter:
         if ident.adapter is not None:
             if not self.lora or ident.adapter not in self.adapter_names:
                 raise UsageError(f"adapter {ident.adapter!r} not available (lora={self.lora})")
-            if ident.adapter_digest and not self._ckpt.adapter_digest(ident.adapter).startswith(ident.adapter_digest):
+            if self.weights_of(ident) is None:
                 raise UsageError(f"adapter {ident.adapter!r}@{ident.adapter_digest[:8]}: only the shipped weights "
-                                 f"can be served (vLLM keys adapters by name and path)")
+                                 f"can be served" + ("" if self.rebind else " under their own name (rebind=false)"))
 
     def _engine_key(self, revision: str) -> tuple:
         c = self.config
@@ -363,12 +374,31 @@ class VllmAdapter:
         except Exception:  # noqa: BLE001 - best effort; the process manager kills leftovers
             pass
 
-    def lora_request(self, adapter: str | None):
-        if adapter is None:
+    def adapter_bindings(self) -> tuple[str, ...]:
+        """Capabilities.adapters: the names, or with rebind every name@digest the adapter can serve."""
+        if not self.rebind:
+            return self.adapter_names
+        return tuple(f"{name}@{digest}" for name in self.adapter_names for digest in sorted(self.weights))
+
+    def weights_of(self, ident) -> str | None:
+        """The shipped adapter whose weights serve `ident` (None: weights this adapter cannot serve)."""
+        if not ident.adapter_digest:
+            return ident.adapter
+        found = [w for d, w in self.weights.items() if d.startswith(ident.adapter_digest)]
+        if len(found) != 1 or (not self.rebind and found[0] != ident.adapter):
+            return None
+        return found[0]
+
+    def lora_request(self, ident):
+        """vLLM's LoRARequest: the name, an id per (name, weights) — vLLM loads weights per id — and the
+        folder of the weights (a rebound name points at the other adapter's folder)."""
+        if ident.adapter is None:
             return None
         from vllm.lora.request import LoRARequest
 
-        return LoRARequest(adapter, LORA_IDS[adapter], str(self._ckpt.adapter_dir(adapter)))
+        weights = self.weights_of(ident)
+        int_id = LORA_IDS[ident.adapter] if weights == ident.adapter else len(LORA_IDS) + LORA_IDS[ident.adapter]
+        return LoRARequest(ident.adapter, int_id, str(self._ckpt.adapter_dir(weights)))
 
     def _run_part(self, revision: str, part: Sequence[Request]) -> list[Result]:
         from vllm import SamplingParams
@@ -383,7 +413,7 @@ class VllmAdapter:
             prompts.append(p)
             params.append(SamplingParams(temperature=0.0, max_tokens=q.max_tokens, stop_token_ids=list(q.stop_ids),
                                          logprobs=2 if self.want_logprobs else None, detokenize=False))
-            loras.append(self.lora_request(q.identity.adapter))
+            loras.append(self.lora_request(q.identity))
         spec = c["spec"] != "none" and self.features.metrics
         before = metric_totals(llm.get_metrics()) if spec else {}
         t0 = time.monotonic()
