@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from attrs import frozen
 
@@ -67,6 +67,29 @@ def _token_name(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _tokenizer_vocab(file: Path) -> tuple[int, Callable[[str], int | None]]:
+    """tokenizer.json's size with added tokens, and its token -> id lookup.
+
+    `tokenizers` reads it where it can. An older `tokenizers` (the one an old transformers pins, e.g.
+    0.15 under transformers 4.38) cannot parse a file a newer one wrote (BPE merges as pairs), so then the
+    JSON itself is read: the model's vocabulary and the added tokens are all these two facts need."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception:  # noqa: BLE001 - any parse failure: read the JSON instead
+        data = _json(file)
+        vocab = (data.get("model") or {}).get("vocab") or {}
+        if isinstance(vocab, list):  # Unigram: [[piece, score], ...], the id is the index
+            vocab = {entry[0]: i for i, entry in enumerate(vocab) if isinstance(entry, list) and entry}
+        ids = {str(k): int(v) for k, v in vocab.items() if isinstance(v, int)} if isinstance(vocab, dict) else {}
+        for added in data.get("added_tokens") or ():
+            if isinstance(added, dict) and isinstance(added.get("content"), str) and isinstance(added.get("id"), int):
+                ids[added["content"]] = added["id"]
+        return len(set(ids.values())), ids.get
+    return tok.get_vocab_size(with_added_tokens=True), tok.token_to_id
+
+
 def read(folder: str | Path) -> CheckpointInfo:
     """The checkpoint facts of a local Hugging Face model folder; a one-line UsageError if it is not one."""
     path = Path(folder).expanduser()
@@ -81,10 +104,7 @@ def read(folder: str | Path) -> CheckpointInfo:
         raise UsageError(f"model={folder}: config.json has no usable vocab_size ({vocab!r})")
     tokenizer_vocab, token_to_id = None, None
     if (path / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-        tokenizer_vocab, token_to_id = tok.get_vocab_size(with_added_tokens=True), tok.token_to_id
+        tokenizer_vocab, token_to_id = _tokenizer_vocab(path / "tokenizer.json")
 
     def special(name: str) -> tuple[int, ...]:
         ids = _ids(generation.get(f"{name}_token_id")) or _ids(config.get(f"{name}_token_id"))

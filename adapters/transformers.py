@@ -2,7 +2,8 @@
 or on any local checkpoint folder (`model=PATH`; its vocabulary, special ids and context read from it by
 adapters.checkpoint_info; `draft=PATH` gives the assisted modes an assistant).
 
-Modes (engine argument `mode`; the config space is every mode, or the subset `modes=a,b`):
+Modes (engine argument `mode`; the config space is every mode the installed release has, or the subset
+`modes=a,b`; adapters.transformers_versions probes which, from 4.38 on):
   generate        plain `generate`: the engine's own baseline
   assisted        assisted generation with tiny-draft as the assistant (k = `num_assistant_tokens`)
   adversarial     assisted generation with an assistant that always proposes the draft's *least* likely token
@@ -29,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from adapters import checkpoint_info
+from adapters import checkpoint_info, transformers_versions
 from adapters.engine_args import choice_arg, int_arg, list_arg
 from adapters.reference_oracle import ORACLES, ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
@@ -55,6 +56,7 @@ class TransformersAdapter:
         except ImportError as e:  # pragma: no cover - exercised only without the extra
             raise UsageError("the transformers adapter needs `pip install kvparity[hf]`") from e
         self._tf = transformers
+        self.features = transformers_versions.probe(transformers)
         self.dtype_name = choice_arg("dtype", dtype, DTYPES)
         self.dtype = getattr(torch, self.dtype_name)
         # model=PATH: a user's checkpoint, one revision ("a"); else the shipped family (revisions a, b)
@@ -63,10 +65,14 @@ class TransformersAdapter:
         self.draft_dir = str(checkpoint_info.read(draft).folder) if draft else (
             "" if model else str(checkpoints.CHECKPOINTS / checkpoints.DRAFT))
         self.eos = self.info.eos_id
-        available = MODES if self.draft_dir else tuple(m for m in MODES if m not in DRAFT_MODES)
+        released = self.features.modes
+        available = tuple(m for m in released if self.draft_dir or m not in DRAFT_MODES)
         self.modes = tuple(list_arg(modes)) if modes else available
         if not self.modes or set(self.modes) - set(MODES):
             raise UsageError(f"engine argument modes={modes!r}: a comma-separated subset of {', '.join(MODES)}")
+        if set(self.modes) - set(released):
+            raise UsageError(f"modes {', '.join(sorted(set(self.modes) - set(released)))}: transformers "
+                             f"{self.features.version} cannot run them (it runs {', '.join(released)})")
         if set(self.modes) - set(available):
             raise UsageError(f"modes {', '.join(sorted(set(self.modes) - set(available)))} need an assistant: "
                              f"engine argument draft=PATH (a checkpoint with the same tokenizer)")
@@ -114,6 +120,9 @@ class TransformersAdapter:
             raise UsageError(f"unknown transformers config {sorted(unknown)}; known: {sorted(self.defaults)}")
         merged = {**self.defaults, **config}
         merged["mode"] = choice_arg("mode", merged["mode"], MODES)
+        if merged["mode"] not in self.features.modes:
+            raise UsageError(f"mode {merged['mode']}: transformers {self.features.version} cannot run it "
+                             f"(it runs {', '.join(self.features.modes)})")
         self.config = merged
         self.reset()
 
@@ -184,7 +193,8 @@ class TransformersAdapter:
         key = f"target-{revision}"
         if key not in self._models:
             folder = self.model_dir or checkpoints.revision_dir(revision)
-            self._models[key] = self._tf.AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype).eval()
+            self._models[key] = self._tf.AutoModelForCausalLM.from_pretrained(
+                folder, **transformers_versions.load_kwargs(self.features, self.dtype)).eval()
         return self._models[key]
 
     def _eos_ids(self, stop_ids: Sequence[int]) -> list[int]:
@@ -195,7 +205,8 @@ class TransformersAdapter:
     def _assistant(self, adversarial: bool):
         key = "adversarial" if adversarial else "draft"
         if key not in self._models:
-            model = self._tf.AutoModelForCausalLM.from_pretrained(self.draft_dir, dtype=self.dtype).eval()
+            model = self._tf.AutoModelForCausalLM.from_pretrained(
+                self.draft_dir, **transformers_versions.load_kwargs(self.features, self.dtype)).eval()
             if adversarial:  # propose the draft's least likely token: wrong at every position
                 with torch.no_grad():
                     model.lm_head.weight.neg_()
@@ -209,12 +220,13 @@ class TransformersAdapter:
         mode, k = self.config["mode"], self.config["k"]
         kwargs: dict[str, Any] = {}
         if mode in ("assisted", "adversarial"):
-            kwargs = dict(assistant_model=self._assistant(mode == "adversarial"), num_assistant_tokens=k,
-                          num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+            assistant = self._assistant(mode == "adversarial")
+            transformers_versions.configure_assistant(self.features, assistant, k)
+            kwargs = dict(assistant_model=assistant)
         elif mode == "prompt_lookup":
             kwargs = dict(prompt_lookup_num_tokens=k)
         ids = torch.tensor([list(r.prompt)])
-        counts = {"proposed": 0, "accepted": 0, "verifications": 0}
+        counts: dict[str, Any] = {"proposed": 0, "accepted": 0, "verifications": 0, "matches": []}
         start = time.perf_counter()
         with torch.no_grad(), _count_drafts(self._tf, counts):
             out = self._model(r.identity.revision).generate(
@@ -224,7 +236,7 @@ class TransformersAdapter:
         elapsed = time.perf_counter() - start
         output = out.sequences[0, ids.shape[1]:].tolist()
         top2 = []
-        for logits in out.logits[: len(output)]:
+        for logits in transformers_versions.per_token_logits(out.logits, counts["matches"])[: len(output)]:
             values, idx = logits[0].double().topk(2)
             top2.append((int(idx[0]), float(values[0]), int(idx[1]), float(values[1])))
         speculating = mode != "generate"
@@ -300,6 +312,7 @@ def _count_drafts(tf, counts: dict[str, int]):
             counts["verifications"] += 1
             counts["proposed"] += getattr(self, "_kvparity_proposed", 0)
             counts["accepted"] += int(num_matches)
+            counts["matches"].append(int(num_matches))
             return __orig(self, input_ids, scores, num_matches, *a, **kw)
 
         patched.append((cls, original_get, original_update))

@@ -50,6 +50,16 @@ def test_drafts_are_observed_and_the_adversarial_assistant_is_never_accepted(ada
     assert sum(r.draft_proposed for r in bad) > 0 and sum(r.draft_accepted for r in bad) == 0
 
 
+def test_k_reaches_the_assistant(adapter):
+    """transformers reads the draft length from the assistant's own generation config, not from `generate`'s
+    arguments: k must reach it (the always-rejected assistant proposes min(k, room left) per verification)."""
+    proposed = {}
+    for k in (1, 3):
+        adapter.configure({"mode": "adversarial", "k": k})
+        proposed[k] = adapter.run(requests(1, 10))[0].draft_proposed
+    assert proposed[1] <= 10 and proposed[3] > 2 * proposed[1]
+
+
 def test_top2_logits_are_reported_per_output_token(adapter):
     adapter.configure({"mode": "generate"})
     res = adapter.run(requests(1))[0]
