@@ -36,6 +36,27 @@ def test_metric_totals_sums_label_sets():
     assert metric_totals(ms) == {"a": 5.0}
 
 
+def _bare_adapter(rebind: bool):
+    """A VllmAdapter with only the fields its identity mapping reads (no vLLM, no engine started)."""
+    from adapters.vllm import VllmAdapter
+
+    a = VllmAdapter.__new__(VllmAdapter)
+    a.adapter_names, a.rebind = ("rot13", "upper"), rebind
+    a.weights = {"aaaa1111": "rot13", "bbbb2222": "upper"}
+    return a
+
+
+def test_rebind_serves_a_name_with_the_other_adapters_weights_only_when_asked():
+    on, off = _bare_adapter(True), _bare_adapter(False)
+    repointed = Identity(adapter="upper", adapter_digest="aaaa")  # upper's name, rot13's weights
+    assert on.weights_of(repointed) == "rot13" and off.weights_of(repointed) is None
+    own = Identity(adapter="upper", adapter_digest="bbbb")
+    assert on.weights_of(own) == off.weights_of(own) == "upper"
+    assert on.weights_of(Identity(adapter="upper", adapter_digest="cccc")) is None  # weights nobody shipped
+    assert off.adapter_bindings() == ("rot13", "upper")
+    assert on.adapter_bindings() == ("rot13@aaaa1111", "rot13@bbbb2222", "upper@aaaa1111", "upper@bbbb2222")
+
+
 # --------------------------------------------------------------------------- the real engine
 
 

