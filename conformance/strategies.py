@@ -365,16 +365,16 @@ def _eos_paths(s: Stream) -> list[EosPath]:
                   key=lambda p: -len(p.continuation))
 
 
-def _eos(s: Stream) -> tuple:
+def _eos(s: Stream, path: EosPath | None = None, at: int | None = None) -> tuple:
     # eos at output position `at` of a known eos path: inside a draft run, as the bonus token, as the
     # last token max_tokens allows, or just past it (then the request ends on length one token short).
     # Often a second offset of the same path in the next batch: it shares the first's prompt, so it
-    # meets eos on a warm cache.
-    path = s.draw(st.sampled_from(_eos_paths(s)))
+    # meets eos on a warm cache. `path` and `at` given: that one placement (the bonus tail's).
+    path = path or s.draw(st.sampled_from(_eos_paths(s)))
     ident = _landmark_identity(s, path.revision)
     items = []
-    for _ in range(s.draw(st.integers(1, 2))):
-        at = len(path.continuation) - s.draw(st.integers(0, len(path.continuation)))  # deepest first
+    for _ in range(1 if at is not None else s.draw(st.integers(1, 2))):
+        at = len(path.continuation) - s.draw(st.integers(0, len(path.continuation))) if at is None else at  # deepest first
         prompt = path.prompt + path.continuation[:len(path.continuation) - at]
         budget = s.draw(st.one_of(st.integers(at + 1, MAX_NEW), st.sampled_from((at + 1, max(1, at)))))
         items.append(Request(s.next_id(), prompt, budget, s.draw(stop_ids(s.caps)), ident))
@@ -387,10 +387,8 @@ def _near_tie(s: Stream) -> tuple:
     revs = landmark_revisions(s)
     tie = s.draw(st.sampled_from([t for t in s.caps.landmarks.near_ties if t.revision in revs and len(t.prompt) <= s.top]))
     tied = Request(s.next_id(), tie.prompt, s.draw(max_tokens(s.caps)), (), _landmark_identity(s, tie.revision))
-    if s.draw(st.booleans()):  # and again, warm: the tie decided on the cache-hit path
-        s.add_batch((tied,))
-        return (renamed(tied, s.next_id(), s.top),)
-    return (tied,)
+    s.add_batch((tied,))  # cold, then again warm: the tie decided on the prefill path and on the cache-hit path
+    return (renamed(tied, s.next_id(), s.top),)
 
 
 def _respell(s: Stream) -> None:
@@ -409,6 +407,11 @@ def _respell(s: Stream) -> None:
     room = min(s.top - max(len(one), len(other)), 2 * s.bs + 1)
     prompt = base.prompt[:max(0, room)]
     cut = s.draw(st.integers(0, len(prompt)))
+    if len(one) == len(other) <= s.bs and room > s.bs:
+        # Both spellings inside the first block, and a full block before the prompt's last token: every
+        # block then has one text in both and the first is reusable — where a text-keyed cache hits.
+        prompt = (prompt + base.prompt * (s.bs + 1))[:max(len(prompt), s.bs + 1 - len(one))]
+        cut = s.draw(st.integers(0, s.bs - len(one)))
     for spelling in (one, other):
         s.add_batch((Request(s.next_id(), prompt[:cut] + spelling + prompt[cut:], base.max_tokens, base.stop_ids,
                              base.identity),))
@@ -582,7 +585,27 @@ def _switched(s: Stream, switch: Callable[[Stream], dict[str, Any]], kind: StepK
         _as_tail(kind)(s)
 
 
+def window_knob(s: Stream) -> str | None:
+    """The speculation knob that is the draft length (the one whose values are all whole numbers)."""
+    return next((k for k in s.spec if all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                          for v in s.caps.config_space[k])), None)
+
+
 def _eos_tail(s: Stream) -> None:
+    # Half the time eos as the bonus token: the deepest eos of the longest path, with the draft length
+    # set so a fully accepted run ends just before it (k = position - 1; position 0 is the prefill's).
+    # Otherwise eos anywhere, half the time with speculation on (inside a draft run, or not speculated).
+    window = window_knob(s)
+    paths = _eos_paths(s) if STEP_KINDS["eos"].applies(s) else []
+    if window and paths and s.draw(st.booleans()):
+        path = paths[0]
+        at = len(path.continuation)
+        if at - 1 in s.caps.config_space[window]:
+            config = {**speculating(s), window: at - 1}
+            if config != s.current:
+                s.configure(config)
+            s.add_batch(_eos(s, path, at))
+            return
     _switched(s, speculating, STEP_KINDS["eos"])
 
 
