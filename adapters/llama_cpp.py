@@ -31,8 +31,17 @@ What it drives (all real llama-cpp-python code paths, f32 GGUF exported by adapt
 
 Engine arguments (strings): gguf_dir, n_ctx, n_batch, kv_type (f32|f16), drafter, k, cache, cache_dir,
 cache_scope (shared: one cache object for all identities, as llama-cpp-python's server shares its disk
-cache directory | identity: one per identity, the workaround), tolerance, n_threads, seed, lora (auto|off). Numerics: llama.cpp computes in f32 (KV f32 by default
-here); the oracle is the reference model in float64, so a small tolerance is declared (see TOLERANCE).
+cache directory | identity: one per identity, the workaround), tolerance, n_threads, seed, lora (auto|off),
+logits_all (on: every position's logits are kept, so Result.top2 is reported | off: llama-cpp-python's own
+default, where speculative decoding must keep the rows it samples by itself), vary (comma list of the knobs
+the suite may vary, default all of drafter, k, n_batch, cache; the others stay at their engine argument, as
+the vLLM adapter's `vary`). Numerics: llama.cpp computes in
+f32 (KV f32 by default here); the oracle is the reference model in float64, so a small tolerance is declared
+(see TOLERANCE).
+
+Releases: 0.2.38 (the first with speculative decoding) to current. What differs between them (constructor
+keywords, GGUF LoRA, close()) is probed in adapters/llama_cpp_versions.py, and what a release cannot do is not
+claimed in capabilities().
 """
 
 from __future__ import annotations
@@ -48,7 +57,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from adapters.engine_args import choice_arg, int_arg, num_arg
+from adapters import llama_cpp_versions as versions
+from adapters.engine_args import bool_arg, choice_arg, int_arg, list_arg, num_arg
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
 
@@ -73,12 +83,16 @@ KNOB_ROLES = {"drafter": "speculation", "k": "speculation", "n_batch": "schedule
 
 
 def _import_llama_cpp():
+    """(llama_cpp, its llama_speculative module or None before 0.2.38)."""
     try:
         import llama_cpp  # noqa: F401
-        from llama_cpp import llama_speculative  # noqa: F401
     except ImportError as exc:
         raise UsageError(f"llama_cpp adapter needs llama-cpp-python (pip install 'kvparity[llamacpp]'): {exc}") from exc
-    return llama_cpp
+    try:
+        from llama_cpp import llama_speculative
+    except ImportError:
+        llama_speculative = None
+    return llama_cpp, llama_speculative
 
 
 def _drafter_base():
@@ -107,12 +121,15 @@ class GgufDraftModel(_drafter_base()):  # type: ignore[misc]
     """A draft model for `Llama(draft_model=...)`: greedy k tokens from a second (small) GGUF model in its
     own llama.cpp context, reusing that context's prefix across calls."""
 
-    def __init__(self, model_path: str, k: int, n_ctx: int, n_threads: int, type_kv: int, seed: int):
+    def __init__(self, model_path: str, k: int, n_ctx: int, n_threads: int, type_kv: int, seed: int,
+                 features: versions.Features):
+        import llama_cpp
         from llama_cpp import Llama
 
         self.k = k
-        self.llm = Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
-                         type_k=type_kv, type_v=type_kv, seed=seed, verbose=False)
+        with versions.constructing(features, llama_cpp, kv=type_kv):
+            self.llm = Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads, seed=seed,
+                             verbose=False, **versions.llama_kwargs(features, n_batch=512, kv=type_kv))
 
     def __call__(self, input_ids, /, **kwargs):
         out: list[int] = []
@@ -161,8 +178,10 @@ class LlamaCppAdapter:
     def __init__(self, gguf_dir: str | None = None, n_ctx: str | int = 1024, n_batch: str | int = 512,
                  kv_type: str = "f32", drafter: str = "none", k: str | int = 4, cache: str = "none",
                  cache_dir: str | None = None, tolerance: str | float | None = None, n_threads: str | int = 1,
-                 seed: str | int = 0, lora: str = "auto", cache_scope: str = "shared"):
-        self._llama_cpp = _import_llama_cpp()
+                 seed: str | int = 0, lora: str = "auto", cache_scope: str = "shared", logits_all: str | bool = True,
+                 vary: str = ",".join(KNOBS)):
+        self._llama_cpp, speculative = _import_llama_cpp()
+        self.features = versions.probe(self._llama_cpp, speculative)
         from adapters.commands import export_gguf as gguf_export
         from reference_engine import checkpoints
 
@@ -172,6 +191,13 @@ class LlamaCppAdapter:
         self.n_threads = int_arg("n_threads", n_threads)
         self.seed = int_arg("seed", seed, 0)
         self.tolerance = TOLERANCE if tolerance in (None, "") else num_arg("tolerance", tolerance)
+        # on: every position's logits are kept (Result.top2 is read from them). off: llama-cpp-python's default,
+        # where the engine itself must keep the rows speculative decoding samples from.
+        self.logits_all = bool_arg("logits_all", logits_all)
+        self.vary = tuple(list_arg(vary))
+        unknown_knobs = [k for k in self.vary if k not in KNOBS]
+        if unknown_knobs:
+            raise UsageError(f"vary: unknown knob(s) {', '.join(unknown_knobs)}; choose from {', '.join(KNOBS)}")
         self._defaults = {"drafter": drafter, "k": k, "n_batch": n_batch, "cache": cache}
         self._cache_dir_arg = cache_dir
         # shared: ONE LlamaRAMCache/LlamaDiskCache for every identity (what llama-cpp-python's server does:
@@ -187,7 +213,10 @@ class LlamaCppAdapter:
         if (checkpoints.CHECKPOINTS / checkpoints.DRAFT).is_dir():
             self.paths["draft"] = str(gguf_export.export_gguf(checkpoints.DRAFT, out_dir))
         self.adapters: tuple[str, ...] = ()
-        if lora_mode == "auto":
+        if lora_mode == "auto" and not self.features.gguf_lora:
+            self.lora_error = (f"llama-cpp-python {self.features.version} loads LoRA only from pre-GGUF ggla files "
+                               f"(no {' / '.join(versions.GGUF_LORA_INIT)})")
+        elif lora_mode == "auto":
             for name, folder in checkpoints.ADAPTERS.items():
                 if (checkpoints.CHECKPOINTS / folder).is_dir():
                     self.paths[f"lora:{name}"] = str(gguf_export.export_gguf(folder, out_dir))
@@ -217,25 +246,29 @@ class LlamaCppAdapter:
         idents = {"revision"} | ({"adapter"} if self.adapters else set())
         return Capabilities(
             name="llama_cpp", vocab_size=1024, max_context=self.n_ctx, eos_id=2, block_size=16,
-            prefix_caching=True, reports_cached_tokens=True, speculation=True, reports_drafts=True,
-            chunked_prefill=True, evicts=True, top2_logits=True, identities=frozenset(idents),
+            prefix_caching=True, reports_cached_tokens=True, speculation=self.features.speculative,
+            reports_drafts=self.features.speculative, chunked_prefill=True, evicts=True,
+            top2_logits=self.logits_all, identities=frozenset(idents),
             revisions=("a", "b"), adapters=self.adapters, introspection=False, baseline_mode=False,
-            tolerance=self.tolerance, config_space=self._config_space(), knob_roles=KNOB_ROLES, min_hit_prompt=2,
+            tolerance=self.tolerance, config_space=self._config_space(),
+            knob_roles={k: r for k, r in KNOB_ROLES.items() if k in self.vary}, min_hit_prompt=2,
             version=self.version(),
         )
 
     def _config_space(self) -> dict[str, tuple]:
         space = dict(CONFIG_SPACE)
-        if "draft" not in self.paths:
+        if not self.features.speculative:
+            space["drafter"] = ("none",)
+        elif "draft" not in self.paths:
             space["drafter"] = tuple(d for d in DRAFTERS if d != "draft_model")
         # the default (the engine arguments) first: Hypothesis shrinks towards it
         for knob, default in self._defaults.items():
             v = self._parse_knob(knob, default)
             space[knob] = (v, *[x for x in space[knob] if x != v])
-        return space
+        return {k: v for k, v in space.items() if k in self.vary}
 
     def version(self) -> str:
-        return f"llama-cpp-python {getattr(self._llama_cpp, '__version__', '?')}"
+        return f"llama-cpp-python {self.features.version}"
 
     def _parse_knob(self, knob: str, value: Any) -> Any:
         if knob == "drafter":
@@ -254,6 +287,8 @@ class LlamaCppAdapter:
         new = {k: self._parse_knob(k, v) for k, v in merged.items()}
         if new["drafter"] == "draft_model" and "draft" not in self.paths:
             raise UsageError("drafter=draft_model needs the tiny-draft checkpoint")
+        if new["drafter"] != "none" and not self.features.speculative:
+            raise UsageError(f"llama-cpp-python {self.features.version} has no speculative decoding (llama_speculative)")
         self._check_config(new)
         if new == self.config:  # every example starts with a configure: keep the loaded models, flush their state
             self.reset()
@@ -332,8 +367,8 @@ class LlamaCppAdapter:
                 dm = getattr(llm, "draft_model", None)
                 inner = getattr(dm, "inner", None)
                 if hasattr(inner, "llm"):
-                    inner.llm.close()
-                llm.close()
+                    versions.close(self.features, inner.llm)
+                versions.close(self.features, llm)
             except Exception:  # noqa: BLE001
                 pass
         self._llms.clear()
@@ -347,25 +382,27 @@ class LlamaCppAdapter:
         if identity.adapter is not None and identity.adapter not in self.adapters:
             raise UsageError(f"unknown or unloadable adapter {identity.adapter!r}")
         from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         c = self.config
         kv = GGML_TYPE[self.kv_type]
         drafter = None
         if c["drafter"] == "prompt_lookup":
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
             drafter = CountingDrafter(LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=c["k"]), c["k"])
         elif c["drafter"] == "draft_model":
             drafter = CountingDrafter(GgufDraftModel(self.paths["draft"], c["k"], self.n_ctx, self.n_threads, kv,
-                                                     self.seed), c["k"])
+                                                     self.seed, self.features), c["k"])
         elif c["drafter"] == "adversarial":
             drafter = CountingDrafter(AdversarialDrafter(c["k"], 1024, self.seed), c["k"])
         kwargs: dict[str, Any] = {}
         if identity.adapter is not None:
             kwargs["lora_path"] = self.paths[f"lora:{identity.adapter}"]
-        llm = Llama(model_path=self.paths[f"rev:{identity.revision}"], n_ctx=self.n_ctx, n_batch=c["n_batch"],
-                    n_ubatch=c["n_batch"], n_threads=self.n_threads, n_threads_batch=self.n_threads,
-                    type_k=kv, type_v=kv, logits_all=True, seed=self.seed, draft_model=drafter,
-                    verbose=False, **kwargs)
+        kwargs.update(versions.llama_kwargs(self.features, n_batch=c["n_batch"], kv=kv))
+        with versions.constructing(self.features, self._llama_cpp, kv=kv):
+            llm = Llama(model_path=self.paths[f"rev:{identity.revision}"], n_ctx=self.n_ctx, n_batch=c["n_batch"],
+                        n_threads=self.n_threads, n_threads_batch=self.n_threads, logits_all=self.logits_all,
+                        seed=self.seed, draft_model=drafter, verbose=False, **kwargs)
         llm.set_cache(self._cache_for(key))
         self._llms[key] = llm
         return llm
@@ -428,9 +465,9 @@ class LlamaCppAdapter:
             finally:
                 del llm.eval
             elapsed = time.perf_counter() - t0
-            # top-1/top-2 of the logits each output token was sampled from (logits_all=True)
-            top2 = []
-            for j in range(len(output)):
+            # top-1/top-2 of the logits each output token was sampled from (kept only with logits_all)
+            top2 = [] if self.logits_all else None
+            for j in range(len(output) if self.logits_all else 0):
                 row = np.asarray(llm.scores[len(prompt) - 1 + j], dtype=np.float64)
                 i1, i2 = np.argpartition(-row, 1)[:2]
                 if row[i2] > row[i1]:
@@ -455,7 +492,7 @@ class LlamaCppAdapter:
             proposed, accepted = _accepted(len(prompt), output, drafter.calls)
         return Result(
             request_id=req.id, output=tuple(output), finish_reason=finish, cached_tokens=cached,
-            draft_proposed=proposed, draft_accepted=accepted, top2=tuple(top2),
+            draft_proposed=proposed, draft_accepted=accepted, top2=None if top2 is None else tuple(top2),
             timings={"wall_s": elapsed}, evictions=evicted, prefill_chunks=observed[1] if observed else 0,
             extra={"cached_source": source, "prompt_tokens": len(prompt), "cached_count": "observed (n_tokens at first eval)",
                    **({"draft_counts": "adapter-observed"} if drafter is not None else {}),

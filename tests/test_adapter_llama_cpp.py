@@ -77,13 +77,31 @@ def test_export_cli_lists_paths(gguf_dir, capsys):
 # --------------------------------------------------------------------------- GGUF equality (llama.cpp)
 
 
+def _features():
+    import llama_cpp
+
+    from adapters import llama_cpp_versions as versions
+
+    try:
+        from llama_cpp import llama_speculative
+    except ImportError:
+        llama_speculative = None
+    return versions.probe(llama_cpp, llama_speculative)
+
+
 def _llama(path, **kw):
+    """f32 KV on every release: 0.2.3x has no type_k/type_v keywords (adapters/llama_cpp_versions.py)."""
+    import llama_cpp
     from llama_cpp import Llama
 
-    args = dict(n_ctx=256, n_batch=256, n_ubatch=256, n_threads=1, n_threads_batch=1, type_k=0, type_v=0,
-                logits_all=True, verbose=False)
+    from adapters import llama_cpp_versions as versions
+
+    features = _features()
+    args = dict(n_ctx=256, n_batch=256, n_threads=1, n_threads_batch=1, logits_all=True, verbose=False)
     args.update(kw)
-    return Llama(model_path=str(path), **args)
+    args.update(versions.llama_kwargs(features, n_batch=args["n_batch"], kv=0))
+    with versions.constructing(features, llama_cpp, kv=0):
+        return Llama(model_path=str(path), **args)
 
 
 def _plain_greedy(llm, prompt, n):
@@ -116,6 +134,8 @@ def test_gguf_greedy_equals_reference_baseline(revision, lora, gguf_dir):
     if lora is not None:
         if not (checkpoints.CHECKPOINTS / checkpoints.ADAPTERS[lora]).is_dir():
             pytest.skip(f"{checkpoints.ADAPTERS[lora]} not present")
+        if not _features().gguf_lora:
+            pytest.skip("this llama-cpp-python loads LoRA only from pre-GGUF ggla files")
         kw["lora_path"] = str(export_gguf(checkpoints.ADAPTERS[lora], gguf_dir))
     llm = _llama(export_gguf(checkpoints.REVISIONS[revision], gguf_dir), **kw)
     model = checkpoints.load_target(revision, lora)
@@ -214,6 +234,39 @@ def test_speculation_is_lossless_and_accepts(adapter, drafter):
     if drafter == "draft_model":
         assert accepted > 0
     adapter.configure({})
+
+
+# Releases whose speculative decoding samples never-written logit rows when logits_all is off (the museum's
+# exhibit llama-cpp-spec-unwritten-logits; 0.2.40 forces logits_all=True with a draft model).
+UNWRITTEN_LOGITS_RELEASES = ("0.2.38", "0.2.39")
+
+
+@pytest.mark.thirdparty
+@needs_llama
+def test_prompt_lookup_with_llama_cpp_pythons_default_logits_all(gguf_dir):
+    """logits_all=off (llama-cpp-python's default) with LlamaPromptLookupDecoding: lossless where the release
+    keeps the draft rows itself; on 0.2.38/0.2.39 the output must diverge (the bug still reproduces there).
+    No top-2 is claimed or reported: the rows are not kept."""
+    import llama_cpp
+
+    from adapters.llama_cpp import LlamaCppAdapter
+    from conformance.oracle import compare
+
+    a = LlamaCppAdapter(gguf_dir=str(gguf_dir), logits_all="off", drafter="prompt_lookup", lora="off")
+    try:
+        assert not a.capabilities().top2_logits
+        reqs = [_req(f"p{i}", p, 24) for i, p in enumerate(prompts(8))]
+        results = a.run(reqs)
+        assert all(r.top2 is None for r in results)
+        assert sum(r.draft_proposed for r in results) > 0
+        bad = [q.id for q, r in zip(reqs, results)
+               if not compare(a.baseline(q), r.output, r.finish_reason, a.capabilities().tolerance).ok]
+    finally:
+        a.close()
+    if llama_cpp.__version__ in UNWRITTEN_LOGITS_RELEASES:
+        assert bad, f"llama-cpp-python {llama_cpp.__version__}: the unwritten-logits bug no longer reproduces"
+    else:
+        assert not bad, f"prompt lookup without logits_all diverges from greedy on {bad}"
 
 
 @pytest.mark.thirdparty

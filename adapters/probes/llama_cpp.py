@@ -22,6 +22,12 @@
       (encode(decode(prompt)) with the shipped tokenizer; llama.cpp's tokenizer on our GGUF equals it),
       once as a plain OpenAI request and once adding llama-cpp-python's `repeat_penalty: 1.0` (F5).
       Also counts prompts whose token ids do not survive decode -> encode (text is not token-exact).
+  python -m adapters.probes.llama_cpp spec-logits-all [--n 50]
+      `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4))` with the constructor's default
+      logits_all=False, greedy, vs the float64 reference; then the same with logits_all=True. On 0.2.38/0.2.39
+      the context computes logits for the last token of each eval only, and `sample(idx)` reads the
+      never-written rows of the scores buffer for the draft positions (fixed in 0.2.40 by forcing
+      logits_all=True whenever a draft model is given). Works on every release from 0.2.38 on.
   python -m adapters.probes.llama_cpp f16-kv [--n 50]
       Greedy divergences of llama.cpp with f16 KV (type_k=type_v=1) vs the float64 reference, with the
       baseline margin at each divergence (f32 KV for comparison).
@@ -49,12 +55,24 @@ from reference_engine.baseline import greedy
 from reference_engine.training.measure import prompts
 
 
-def _llama(rev: str, **kw):
+def _llama(rev: str, kv: int = 0, **kw):
+    """A Llama on revision `rev` with KV type `kv`, through adapters/llama_cpp_versions (0.2.3x has no
+    type_k/type_v keywords and silently swallows them)."""
+    import llama_cpp
     from llama_cpp import Llama
 
-    args = dict(n_ctx=512, n_threads=1, n_threads_batch=1, type_k=0, type_v=0, verbose=False, seed=0)
+    from adapters import llama_cpp_versions as versions
+
+    try:
+        from llama_cpp import llama_speculative
+    except ImportError:
+        llama_speculative = None
+    features = versions.probe(llama_cpp, llama_speculative)
+    args = dict(n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False, seed=0)
     args.update(kw)
-    return Llama(model_path=str(export_gguf(checkpoints.REVISIONS[rev])), **args)
+    args.update(versions.llama_kwargs(features, n_batch=int(args.get("n_batch", 512)), kv=kv))
+    with versions.constructing(features, llama_cpp, kv=kv):
+        return Llama(model_path=str(export_gguf(checkpoints.REVISIONS[rev])), **args)
 
 
 def _complete(llm, prompt, n=16) -> str:
@@ -143,7 +161,7 @@ def kv_dtype(n: int) -> dict:
     model = checkpoints.load_target("a")
     res = {}
     for name, t in (("f32", 0), ("f16", 1)):
-        llm = _llama("a", type_k=t, type_v=t)
+        llm = _llama("a", kv=t)
         div = []
         for i, p in enumerate(prompts(n)):
             base = greedy(model, p, 24, eos_id=2)
@@ -157,9 +175,35 @@ def kv_dtype(n: int) -> dict:
             if pos is not None:
                 div.append({"prompt_index": i, "position": pos, "baseline_margin": round(base.margins[pos], 6),
                             "engine_took_runner_up": base.runner_up[pos] == out[pos]})
-        llm.close()
         res[name] = {"prompts": n, "divergent": len(div), "divergences": div}
     return {"probe": "kv-dtype", **res}
+
+
+def spec_logits_all(n: int) -> dict:
+    """Prompt-lookup speculative decoding, default logits_all (False) vs True, against the reference."""
+    import llama_cpp
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    model = checkpoints.load_target("a")
+    batch = prompts(n)
+    bases = [greedy(model, p, 24, eos_id=2) for p in batch]
+    out = {"probe": "spec-logits-all", "engine": f"llama-cpp-python {llama_cpp.__version__}", "prompts": n}
+    for label, logits_all in (("default_logits_all_false", False), ("logits_all_true", True)):
+        llm = _llama("a", n_ctx=256, logits_all=logits_all, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4))
+        div = []
+        for i, (p, base) in enumerate(zip(batch, bases)):
+            llm.reset()
+            got = []
+            for tok in llm.generate(list(p), temp=0.0, top_k=1, repeat_penalty=1.0):
+                got.append(int(tok))
+                if tok == 2 or len(got) >= 24:
+                    break
+            pos = next((j for j, (x, y) in enumerate(zip(base.output, got)) if x != y), None)
+            if pos is not None and not (base.margins[pos] < 1e-4 and base.runner_up[pos] == got[pos]):
+                div.append({"prompt_index": i, "position": pos, "expected": base.output[pos], "got": got[pos],
+                            "baseline_margin": round(base.margins[pos], 4)})
+        out[label] = {"divergent": len(div), "first": div[:3]}
+    return out
 
 
 _SPEC_CHILD = """
@@ -228,7 +272,8 @@ def server_text_parity(n: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m adapters.probes.llama_cpp", description=__doc__.splitlines()[0])
-    ap.add_argument("probe", choices=["cache-cross-revision", "server-disk-cache", "spec-crash", "server-text-parity", "f16-kv"])
+    ap.add_argument("probe", choices=["cache-cross-revision", "server-disk-cache", "spec-crash", "server-text-parity",
+                                      "spec-logits-all", "f16-kv"])
     ap.add_argument("--disk", action="store_true")
     ap.add_argument("--n", type=int, default=None)
     a = ap.parse_args()
@@ -240,6 +285,8 @@ def main() -> int:
         out = server_text_parity(a.n or 50)
     elif a.probe == "spec-crash":
         out = spec_crash()
+    elif a.probe == "spec-logits-all":
+        out = spec_logits_all(a.n or 50)
     else:
         out = kv_dtype(a.n or 50)
     print(json.dumps(out, indent=1))
