@@ -96,6 +96,10 @@ def test_capabilities_are_honest(adapter):
     assert caps.block_size == 32 and caps.min_hit_prompt == 33
     assert caps.prefix_caching and caps.reports_cached_tokens and caps.top2_logits
     assert not caps.evicts and not caps.introspection and 0 < caps.tolerance <= 1e-2
+    # what the installed release can do was probed, and only that is claimed (adapters/vllm_versions.py)
+    f = adapter.features
+    assert caps.version == f.version and caps.reports_cached_tokens == f.cached_tokens
+    assert ("salt" in caps.identities) == f.cache_salt
 
 
 @pytest.mark.thirdparty
