@@ -311,7 +311,9 @@ def _count_drafts(tf, counts: dict[str, int]):
         def update(self, input_ids, scores, num_matches, *a, __orig=original_update, **kw):
             counts["verifications"] += 1
             counts["proposed"] += getattr(self, "_kvparity_proposed", 0)
-            counts["accepted"] += int(num_matches)
+            # -1 where a verification had no candidate and the sequence already met a stop criterion
+            # (a prompt ending in a stop id): nothing was accepted, and nothing was output
+            counts["accepted"] += max(int(num_matches), 0)
             counts["matches"].append(int(num_matches))
             return __orig(self, input_ids, scores, num_matches, *a, **kw)
 
