@@ -134,3 +134,20 @@ def test_the_installed_release_is_probed_without_error():
     transformers = pytest.importorskip("transformers")
     f = tv.probe(transformers)
     assert f.version == transformers.__version__ and f.modes[:3] == ("generate", "assisted", "adversarial")
+
+
+def test_a_tokenizer_json_tokenizers_cannot_parse_is_read_as_json(tmp_path):
+    """Old transformers pin an old tokenizers that cannot parse the shipped tokenizer.json: checkpoint_info
+    then reads the JSON for the two facts it needs (size with added tokens, special-token ids)."""
+    import json
+
+    from adapters import checkpoint_info
+    from reference_engine import checkpoints
+
+    shipped = json.loads((checkpoints.revision_dir("a") / "tokenizer.json").read_text())
+    broken = {**shipped, "model": {**shipped["model"], "merges": 5}}  # no tokenizers release parses this
+    (tmp_path / "tokenizer.json").write_text(json.dumps(broken))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 1024}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>", "pad_token": "<pad>"}))
+    info = checkpoint_info.read(tmp_path)
+    assert (info.tokenizer_vocab, info.eos_id, info.pad_id) == (checkpoint_info.shipped().tokenizer_vocab, 2, 0)
