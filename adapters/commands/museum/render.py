@@ -114,8 +114,8 @@ def page(exhibits: list[Exhibit], runs: list[VersionRun], root: Path,
         for r in runs:
             for v in r.versions:
                 rec, o = read(root / slug(r) / v, None)
-                out.append(f"| {r.title} | `{v}` | {o.verdict} | {_failing(o)} | {o.examples or '-'} | "
+                out.append(f"| {r.package.name}: {r.title} | `{v}` | {o.verdict} | {_failing(o)} | {o.examples or '-'} | "
                            f"{('`' + str(o.run_dir) + '`') if o.run_dir else o.note} |")
             if r.notes:
-                out += ["", f"{r.title}: {r.notes}", ""]
+                out += ["", f"{r.package.name}, {r.title}: {r.notes}", ""]
     return "\n".join(out) + "\n", judged
