@@ -87,12 +87,15 @@ def compare(base, got: list[int], tau: float = TAU) -> tuple[str, int | None, fl
     return "equal", None, None
 
 
+DTYPE = "float32"  # --dtype: the engine's weights and KV (the oracle stays float64)
+
+
 def make_llm(**overrides):
     prepare_environment()
     from vllm import LLM
 
     from reference_engine import checkpoints
-    kw = dict(model=str(checkpoints.revision_dir("a")), dtype="float32", enforce_eager=True, block_size=32,
+    kw = dict(model=str(checkpoints.revision_dir("a")), dtype=DTYPE, enforce_eager=True, block_size=32,
               enable_prefix_caching=True, max_model_len=1024, seed=0, disable_log_stats=False, max_logprobs=2)
     kw.update(overrides)
     t = time.monotonic()
@@ -445,7 +448,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m adapters.probes.vllm", description=__doc__.splitlines()[0])
     ap.add_argument("probe", choices=[*PROBES, "all"])
     ap.add_argument("--n", type=int, default=None, help="number of prompts (tolerance, features)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="the engine's dtype (lora-pair in bfloat16: the finding at margins far above bf16 noise)")
     args = ap.parse_args(argv)
+    global DTYPE
+    DTYPE = args.dtype
     names = list(PROBES) if args.probe == "all" else [args.probe]
     ok = True
     for name in names:
