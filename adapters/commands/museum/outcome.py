@@ -61,7 +61,7 @@ def read(run_dir: Path | None, check: str | None = None, exit_code: int | None =
         caps = results["run"].get("capabilities") or {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # NotAHistory is a ValueError
         return Outcome("error", exit_code, run_dir, note=f"unreadable run folder: {type(exc).__name__}: {exc}")
-    names = select_checks(None)
+    names = select_checks(list(checks))  # the checks the run was asked for (`--checks`), not every check
     first, first_checks = None, ()
     for ex in history.examples:
         fails = example_failures(history.only(ex), names)
