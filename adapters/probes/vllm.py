@@ -100,7 +100,7 @@ def make_llm(**overrides):
     kw.update(overrides)
     t = time.monotonic()
     llm = LLM(**kw)
-    print(f"# engine up in {time.monotonic() - t:.0f}s: {', '.join(f'{k}={v}' for k, v in overrides.items()) or 'defaults'}",
+    print(f"# engine up in {time.monotonic() - t:.0f}s: dtype={kw['dtype']}, {', '.join(f'{k}={v}' for k, v in overrides.items()) or 'defaults'}",
           flush=True)
     return llm
 
