@@ -425,12 +425,8 @@ def colliding_pair(s: Stream) -> tuple[Identity, Identity]:
     sep = s.draw(st.sampled_from(("", ":", "/", "|", "-", "_", " ")))
     stem = s.draw(st.sampled_from(("tenant-a", "t", name)))
     revision = s.draw(st.sampled_from(sorted(landmark_revisions(s))))
-    if s.draw(st.booleans()):  # the bare pair: salt X alone vs adapter X alone (vLLM 44701's extra keys)
-        fused = Identity(revision=revision, salt=name)
-        split = Identity(revision=revision, adapter=name, adapter_digest=digest)
-    else:
-        fused = Identity(revision=revision, salt=s.draw(st.sampled_from((stem + sep + name, name + sep + stem))))
-        split = Identity(revision=revision, adapter=name, adapter_digest=digest, salt=stem)
+    fused = Identity(revision=revision, salt=s.draw(st.sampled_from((stem + sep + name, name + sep + stem))))
+    split = Identity(revision=revision, adapter=name, adapter_digest=digest, salt=stem)
     return (fused, split) if s.draw(st.booleans()) else (split, fused)
 
 
@@ -439,8 +435,6 @@ def _collide(s: Stream) -> None:
     pool = s.requests_in_pool()
     base = s.draw(st.sampled_from(pool)) if pool and s.draw(st.booleans()) else s.fresh_request()
     prompt = base.prompt[:min(s.top, 2 * s.bs + 1)]
-    if len(prompt) <= s.bs < s.top:  # a full block before the last token, or there is nothing to reuse
-        prompt = (prompt * (s.bs + 1))[:s.bs + 1]
     for ident in (first, second):
         s.add_batch((Request(s.next_id(), prompt, base.max_tokens, base.stop_ids, ident),))
 
@@ -598,19 +592,16 @@ def window_knob(s: Stream) -> str | None:
 
 
 def _eos_tail(s: Stream) -> None:
-    # Half the time eos placed in a verification window on purpose, at the deepest eos of the longest
-    # path (position 0 is the prefill's token; the first window covers positions 1..k): either as the
-    # bonus token (k = position - 1: a fully accepted run ends just before it), or as a draft before the
-    # window's last token (the longest k). Otherwise eos anywhere, half the time with speculation on.
+    # Half the time eos as the bonus token: the deepest eos of the longest path, with the draft length
+    # set so a fully accepted run ends just before it (k = position - 1; position 0 is the prefill's).
+    # Otherwise eos anywhere, half the time with speculation on (inside a draft run, or not speculated).
     window = window_knob(s)
     paths = _eos_paths(s) if STEP_KINDS["eos"].applies(s) else []
     if window and paths and s.draw(st.booleans()):
         path = paths[0]
         at = len(path.continuation)
-        values = tuple(s.caps.config_space[window])
-        k = at - 1 if s.draw(st.booleans()) else max(values)
-        if k in values and k >= 1:
-            config = {**speculating(s), window: k}
+        if at - 1 in s.caps.config_space[window]:
+            config = {**speculating(s), window: at - 1}
             if config != s.current:
                 s.configure(config)
             s.add_batch(_eos(s, path, at))
