@@ -63,6 +63,9 @@ def run_release(package: Package, version: str, args: Sequence[str], seed: int, 
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 record["timed_out"] = True
+            except BaseException:  # ^C: its own session would outlive us, engine workers and all
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise
         new = sorted(set(folder.glob("*/*/")) - before)  # this run's folder: never an older run's
         record["run_dir"] = str(new[-1].relative_to(folder)) if new else None  # relative: the folder may move
     record["seconds"] = round(time.monotonic() - started, 1)
