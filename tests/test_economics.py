@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -141,9 +140,8 @@ def test_ci_bench_on_reference_engine_writes_the_report(tmp_path):
     pytest.importorskip("matplotlib")
     from adapters.commands import bench
 
-    start = time.perf_counter()
+    # No timed assertion: the bench's speed is measured by benchmarks/, never asserted on a shared machine.
     assert bench.main(["--engine", "reference", "--size", "ci", "--out", str(tmp_path)]) == 0
-    elapsed = time.perf_counter() - start
     md = (tmp_path / "report.md").read_text()
     html = (tmp_path / "report.html").read_text()
     for png in ("latency_budget.png", "chunked_prefill.png", "speedup.png", "acceptance_per_position.png"):
@@ -158,7 +156,6 @@ def test_ci_bench_on_reference_engine_writes_the_report(tmp_path):
         rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
         assert "| 12.0 |" in rows["plain"] and "| 9.0 |" in rows["n-gram k=5"]
         assert "| 18.0 |" in rows["draft model k=5"] and "| 0.40 |" in rows["draft model k=5"]
-    assert elapsed < 90, f"CI bench took {elapsed:.0f}s"
 
 
 # -- the bench command: defaults and usage errors ----------------------------------------------------
