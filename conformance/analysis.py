@@ -3,7 +3,7 @@ report RUN_DIR` and `kvparity replay`, so a stored history always re-analyses to
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from attrs import define, field
 
@@ -104,3 +104,12 @@ def failures_of(verdicts: Mapping[str, CheckResult]) -> list[Failure]:
 def example_failures(history: History, names: Sequence[str]) -> list[Failure]:
     """Failures of a one-example history (the state machine's invariant, the fault zoo's first failure)."""
     return [f for name in names for f in run_check(CHECKS[name], history).failures]
+
+
+def failing_examples(history: History, names: Sequence[str]) -> Iterator[tuple[Example, list[str]]]:
+    """Each example with a failure, in run order, with the checks failing there. The first is where the
+    suite first caught the bug; the last is the shrunk one (Hypothesis replays it after the others)."""
+    for ex in history.examples:
+        fails = example_failures(history.only(ex), names)
+        if fails:
+            yield ex, sorted({f.check for f in fails})

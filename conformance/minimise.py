@@ -161,3 +161,15 @@ def _keep_length_modulo_block(steps: list[Step], default_block_size: int):
                      if 0 < d < n and q.max_tokens + d <= max(MAX_NEW, q.max_tokens)]
             for cut in cuts:
                 yield steps[:i] + [Batch(s.items[:j] + (cut,) + s.items[j + 1:])] + steps[i + 1:]
+
+
+def witness_size(steps: Sequence[Step], default_block_size: int) -> tuple[int, float, int]:
+    """(longest prompt in tokens, in blocks of the block size its batch ran with, requests): the size
+    an engine developer reads first, reported by the fault zoo and the museum alike."""
+    block_size, sized = default_block_size, []
+    for step in steps:
+        if isinstance(step, Configure):
+            block_size = int(step.config.get("block_size", default_block_size))
+        elif isinstance(step, Batch):
+            sized += [(len(q.prompt), len(q.prompt) / block_size) for q in step.items]
+    return max((t for t, _ in sized), default=0), max((k for _, k in sized), default=0.0), len(sized)

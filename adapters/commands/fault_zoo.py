@@ -36,10 +36,10 @@ from attrs import define, frozen
 
 from adapters.commands.cli import UsageParser, output_dir, output_file, run_command
 from conformance.cli import positive_int, positive_seconds
-from conformance.analysis import example_failures, select_checks
+from conformance.analysis import failing_examples, select_checks
 from conformance.contract import UsageError
 from conformance.history import load
-from conformance.minimise import minimise
+from conformance.minimise import minimise, witness_size
 from conformance.runner import PROFILES, profile_settings, run_suite
 from conformance.strategies import Batch, Configure, step_from_json, step_to_json
 from reference_engine.checkpoints import CHECKPOINTS
@@ -199,11 +199,7 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
                         database_dir=db, shrink=shrink, seed=seed)
         history = load(out.run_dir / "history.jsonl")
     names = select_checks(None)
-    failing = []
-    for ex in history.examples:
-        fails = example_failures(history.only(ex), names)
-        if fails:
-            failing.append((ex, sorted({f.check for f in fails})))
+    failing = list(failing_examples(history, names))
     first = failing[0] if failing else None
     witness = failing[-1] if failing else None  # Hypothesis replays the shrunk example last
     prompt = requests = blocks = witness_file = None
@@ -223,17 +219,6 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
                   time.monotonic() - started, out.verdict,
                   not fault or bool(first and set(first[1] + witness[1]) & set(expected)), witness_file,
                   seed, out.analysis.near_ties)
-
-
-def witness_size(steps, default_block_size: int) -> tuple[int, float, int]:
-    """(longest prompt in tokens, in blocks of the block size its batch ran with, requests)."""
-    block_size, sized = default_block_size, []
-    for step in steps:
-        if isinstance(step, Configure):
-            block_size = int(step.config.get("block_size", default_block_size))
-        elif isinstance(step, Batch):
-            sized += [(len(q.prompt), len(q.prompt) / block_size) for q in step.items]
-    return max((t for t, _ in sized), default=0), max((k for _, k in sized), default=0.0), len(sized)
 
 
 def environment_facts() -> list[str]:

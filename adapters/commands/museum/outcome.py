@@ -13,9 +13,10 @@ from pathlib import Path
 
 from attrs import frozen
 
-from conformance.analysis import example_failures, select_checks
+from conformance.analysis import failing_examples, select_checks
 from conformance.history import load
-from conformance.strategies import Batch, Configure, step_from_json
+from conformance.minimise import witness_size
+from conformance.strategies import step_from_json
 
 
 @frozen
@@ -38,17 +39,6 @@ class Outcome:
         return self.checks.get(check) == word
 
 
-def _witness_size(path: Path, block_size: int) -> tuple[int, float, int]:
-    steps = [step_from_json(s) for s in json.loads(path.read_text())["steps"]]
-    blocks, sized = block_size, []
-    for step in steps:
-        if isinstance(step, Configure):
-            blocks = int(step.config.get("block_size", blocks))
-        elif isinstance(step, Batch):
-            sized += [(len(q.prompt), len(q.prompt) / blocks) for q in step.items]
-    return max((t for t, _ in sized), default=0), max((b for _, b in sized), default=0.0), len(sized)
-
-
 def read(run_dir: Path | None, check: str | None = None, exit_code: int | None = None, note: str = "") -> Outcome:
     if run_dir is None:
         return Outcome("error", exit_code, None, note=note or "the run wrote no run folder")
@@ -62,18 +52,15 @@ def read(run_dir: Path | None, check: str | None = None, exit_code: int | None =
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # NotAHistory is a ValueError
         return Outcome("error", exit_code, run_dir, note=f"unreadable run folder: {type(exc).__name__}: {exc}")
     names = select_checks(list(checks))  # the checks the run was asked for (`--checks`), not every check
-    first, first_checks = None, ()
-    for ex in history.examples:
-        fails = example_failures(history.only(ex), names)
-        if fails:
-            first, first_checks = ex.index + 1, tuple(sorted({f.check for f in fails}))
-            break
+    found = next(failing_examples(history, names), None)
+    first, first_checks = (found[0].index + 1, tuple(found[1])) if found else (None, ())
     chosen = next((f for f in failures if f["check"] == check), failures[0] if failures else None)
     witness = size = None
     if chosen and chosen.get("witness_file"):
         witness = run_dir / "witnesses" / Path(chosen["witness_file"]).name
         if witness.exists():
-            size = _witness_size(witness, int(caps.get("block_size") or 1))
+            steps = [step_from_json(s) for s in json.loads(witness.read_text())["steps"]]
+            size = witness_size(steps, int(caps.get("block_size") or 1))
     return Outcome(verdict, results.get("exit_code", exit_code), run_dir, checks, examples,
                    first, first_checks, witness, *(size or (None, None, None)),
                    engine_version=str(caps.get("version", "")),
