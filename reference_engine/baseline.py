@@ -29,11 +29,13 @@ CONTENDER_WINDOW = 1.0  # logits: far above any tau worth declaring
 CONTENDERS = 4
 
 
-def contenders(logits: torch.Tensor) -> tuple[tuple[int, float], ...]:
-    """(token, gap to the top-1) for the tokens after the top-1 within CONTENDER_WINDOW, best first."""
+def ranked(logits: torch.Tensor) -> tuple[int, float, int, float, tuple[tuple[int, float], ...]]:
+    """One `topk` per step: the top-1 and runner-up (token, logit) and the contenders, i.e. (token, gap
+    to the top-1) for the tokens after the top-1 within CONTENDER_WINDOW, best first."""
     values, ids = logits.double().topk(CONTENDERS + 1)
     gaps = values[0] - values[1:]
-    return tuple((int(t), float(g)) for t, g in zip(ids[1:], gaps) if g < CONTENDER_WINDOW)
+    close = tuple((int(t), float(g)) for t, g in zip(ids[1:], gaps) if g < CONTENDER_WINDOW)
+    return int(ids[0]), float(values[0]), int(ids[1]), float(values[1]), close
 
 
 def finish_reason(token: int, produced: int, max_tokens: int, stop_ids, eos_id: int | None) -> str | None:
@@ -48,11 +50,6 @@ def finish_reason(token: int, produced: int, max_tokens: int, stop_ids, eos_id: 
     return None
 
 
-def top2(logits: torch.Tensor) -> tuple[int, float, int, float]:
-    values, ids = logits.topk(2)
-    return int(ids[0]), float(values[0]), int(ids[1]), float(values[1])
-
-
 @torch.no_grad()
 def greedy(model: Llama, prompt, max_tokens: int, stop_ids=(), eos_id: int | None = None) -> Greedy:
     c = model.config
@@ -64,11 +61,11 @@ def greedy(model: Llama, prompt, max_tokens: int, stop_ids=(), eos_id: int | Non
     output, margins, runner_up, close = [], [], [], []
     stop = frozenset(int(s) for s in stop_ids)
     while True:
-        t1, v1, t2, v2 = top2(logits)
+        t1, v1, t2, v2, near = ranked(logits)
         output.append(t1)
         margins.append(v1 - v2)
         runner_up.append(t2)
-        close.append(contenders(logits))
+        close.append(near)
         reason = finish_reason(t1, len(output), max_tokens, stop, eos)
         if reason:
             return Greedy(tuple(output), reason, tuple(margins), tuple(runner_up), tuple(close))

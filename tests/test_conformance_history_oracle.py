@@ -144,11 +144,12 @@ def test_a_pick_among_several_close_contenders_is_judged_by_its_own_gap():
 def test_the_reference_baseline_records_contenders_only_at_close_steps():
     import torch
 
-    from reference_engine.baseline import CONTENDER_WINDOW, contenders
+    from reference_engine.baseline import CONTENDER_WINDOW, ranked
 
     logits = torch.tensor([5.0, 4.9, 4.8, 1.0, 4.5, 0.0])
-    assert contenders(logits) == ((1, pytest.approx(0.1)), (2, pytest.approx(0.2)), (4, pytest.approx(0.5)))
-    assert contenders(torch.tensor([9.0, 9.0 - CONTENDER_WINDOW, 1.0, 0.0, 0.0])) == ()
+    assert ranked(logits) == (0, 5.0, 1, pytest.approx(4.9),
+                              ((1, pytest.approx(0.1)), (2, pytest.approx(0.2)), (4, pytest.approx(0.5))))
+    assert ranked(torch.tensor([9.0, 9.0 - CONTENDER_WINDOW, 1.0, 0.0, 0.0]))[4] == ()
 
 
 def test_compare_pair_near_tie_only_on_the_baseline_path():
