@@ -75,7 +75,8 @@ def page(exhibits: list[Exhibit], runs: list[VersionRun], root: Path,
            f"museum from PyPI). **{good} of {len(exhibits)} exhibits caught on the buggy release and passing "
            f"on the fixed one** (or caught where no release fixes it yet). One command re-runs a row: "
            f"`kvparity museum --exhibit ID --runs {root}`; the catalogue is "
-           f"`adapters/commands/museum/exhibits/*.toml`.",
+           f"`adapters/commands/museum/exhibits/*.toml`; `kvparity report RUN_DIR` renders a run folder's "
+           f"report.html again from its history.",
            "",
            "| exhibit | bug (source) | buggy release: caught by, examples to 1st failure, witness | fixed release | result |",
            "|---|---|---|---|---|"]
