@@ -63,6 +63,18 @@ def profile_settings(profile: str) -> settings:
 # --------------------------------------------------------------------------- one scenario
 
 
+def restop_token(output: Sequence[int], j: int) -> int:
+    """The stop id that ends a `restop` turn: the parent's token at output position j (modulo its
+    length), or, where that token already occurs earlier in the output (a small model repeats itself;
+    the stop would fire there, at position 0 most often, before any draft), the next position's token
+    that does not. Only when no later position has a new token is the stop allowed to fire early."""
+    n = len(output)
+    for i in [*range(j % n, n), *range(1, j % n)]:
+        if i and output[i] not in output[:i]:
+            return output[i]
+    return output[j % n]
+
+
 class ScenarioRunner:
     """Executes scenarios against one engine, writing every call to the history as it happens."""
 
@@ -140,7 +152,7 @@ class ScenarioRunner:
             prompt = item.extra
         elif item.restop is not None and parent[1].output:  # the parent again, stopping where it went
             prompt = parent[0].prompt
-            stop_ids = (parent[1].output[item.restop % len(parent[1].output)],)
+            stop_ids = (restop_token(parent[1].output, item.restop),)
         else:
             prompt = parent[0].prompt + tuple(parent[1].output) + item.extra
         return Request(item.id, prompt[: item.max_prompt] or item.extra[:1], item.max_tokens, stop_ids,

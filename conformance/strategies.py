@@ -41,8 +41,9 @@ class Continuation:
     """Next turn of a conversation: parent's prompt + parent's output + `extra`, resolved at run time.
 
     With `restop=j` it is instead the parent's own prompt again, stopping at the token the parent produced
-    at output position j (modulo its length): a stop id that surely fires, where a random one almost never
-    does — so stop handling on a warm cache or a reused engine session is actually exercised."""
+    at output position j (modulo its length; the next new token where that one occurs earlier, see
+    `runner.restop_token`): a stop id that surely fires past position 0, where a random one almost never
+    does — so stop handling on a warm cache, in a draft run or a reused engine session is exercised."""
 
     id: str
     parent: str
@@ -369,11 +370,12 @@ def _eos(s: Stream, path: EosPath | None = None, at: int | None = None) -> tuple
     # eos at output position `at` of a known eos path: inside a draft run, as the bonus token, as the
     # last token max_tokens allows, or just past it (then the request ends on length one token short).
     # Often a second offset of the same path in the next batch: it shares the first's prompt, so it
-    # meets eos on a warm cache. `path` and `at` given: that one placement (the bonus tail's).
+    # meets eos on a warm cache. `path` and `at` given: that one placement (the bonus tail's), always
+    # sent twice, the second time on the first's cache.
     path = path or s.draw(st.sampled_from(_eos_paths(s)))
     ident = _landmark_identity(s, path.revision)
     items = []
-    for _ in range(1 if at is not None else s.draw(st.integers(1, 2))):
+    for _ in range(2 if at is not None else s.draw(st.integers(1, 2))):
         at = len(path.continuation) - s.draw(st.integers(0, len(path.continuation))) if at is None else at  # deepest first
         prompt = path.prompt + path.continuation[:len(path.continuation) - at]
         budget = s.draw(st.one_of(st.integers(at + 1, MAX_NEW), st.sampled_from((at + 1, max(1, at)))))
@@ -562,10 +564,13 @@ def _pressure_tail(s: Stream) -> None:
     s.add_batch(_flood(s))
 
 
-def speculating(s: Stream) -> dict[str, Any]:
+def speculating(s: Stream, unlike: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The configuration in effect with every speculation knob off its first value (the default, which
-    is usually "off")."""
-    return {**s.current, **{k: s.draw(st.sampled_from(tuple(s.caps.config_space[k])[1:])) for k in s.spec}}
+    is usually "off"), and where `unlike` is given, off its value there too while another remains."""
+    def values(k: str) -> tuple:
+        on = tuple(s.caps.config_space[k])[1:]
+        return tuple(v for v in on if not unlike or v != unlike.get(k)) or on
+    return {**s.current, **{k: s.draw(st.sampled_from(values(k))) for k in s.spec}}
 
 
 def scheduling(s: Stream) -> dict[str, Any]:
@@ -592,21 +597,38 @@ def window_knob(s: Stream) -> str | None:
 
 
 def _eos_tail(s: Stream) -> None:
-    # Half the time eos as the bonus token: the deepest eos of the longest path, with the draft length
-    # set so a fully accepted run ends just before it (k = position - 1; position 0 is the prefill's).
-    # Otherwise eos anywhere, half the time with speculation on (inside a draft run, or not speculated).
+    # Half the time the deepest eos of the longest path with the draft length set around it: k =
+    # position - 1 puts eos as the bonus token of a fully accepted run (position 0 is the prefill's),
+    # a larger k puts it inside the accepted run with the run's last token after it. Otherwise eos
+    # anywhere, half the time with speculation on (inside a draft run, or not speculated).
     window = window_knob(s)
     paths = _eos_paths(s) if STEP_KINDS["eos"].applies(s) else []
     if window and paths and s.draw(st.booleans()):
         path = paths[0]
         at = len(path.continuation)
-        if at - 1 in s.caps.config_space[window]:
-            config = {**speculating(s), window: at - 1}
+        ks = [v for v in s.caps.config_space[window] if v >= at - 1]
+        if ks:
+            k = s.draw(st.sampled_from(sorted(ks)))
+            config = {**speculating(s), window: k}
             if config != s.current:
                 s.configure(config)
             s.add_batch(_eos(s, path, at))
             return
     _switched(s, speculating, STEP_KINDS["eos"])
+
+
+def _speculated(s: Stream, kind: StepKind) -> None:
+    """`kind` with speculation switched on, then again under other speculation values (a stop inside a
+    draft run needs a drafter that gets drafts accepted, and which one does depends on the prompt)."""
+    last = None
+    for _ in range(2 if s.spec else 1):
+        if s.spec:
+            config = speculating(s, unlike=last)
+            if config != s.current:
+                s.configure(config)
+            last = config
+        if kind.applies(s):
+            _as_tail(kind)(s)
 
 
 def _as_tail(kind: StepKind) -> Callable[[Stream], None]:
@@ -633,8 +655,9 @@ TAILS = (
     # eos (where the engine's landmarks say it fires), half the time with speculation switched on:
     # eos inside a draft run or as the bonus token needs both, and neither comes by chance.
     StepKind("eos", lambda s: _eos_tail(s), STEP_KINDS["eos"].applies),
-    # A stop id past position 0 likewise (a stop inside a draft run).
-    StepKind("restop", lambda s: _switched(s, speculating, STEP_KINDS["restop"]), STEP_KINDS["restop"].applies),
+    # A stop id past position 0, always with speculation on: a stop inside a draft run (a plain one
+    # comes from the step kind of the same name).
+    StepKind("restop", lambda s: _speculated(s, STEP_KINDS["restop"]), STEP_KINDS["restop"].applies),
     # Requests sharing a prefix nobody sent yet, half the time with chunked prefill switched on.
     StepKind("sharers", lambda s: _switched(s, scheduling, STEP_KINDS["sharers"]), STEP_KINDS["sharers"].applies),
 )

@@ -58,3 +58,16 @@ def test_without_the_declared_limit_requests_overflow_the_small_pool():
 
 def test_context_limits_survive_the_history_round_trip():
     assert capabilities_from(encode(CAPS)).context_limits == {"pool_tokens": {"64": 64}}
+
+
+def test_restop_stops_at_the_drawn_position_unless_its_token_came_earlier():
+    from conformance.runner import restop_token
+
+    assert restop_token([5, 6, 7, 8], 2) == 7  # a new token: the stop fires at position 2
+    assert restop_token([5, 6, 7, 8], 6) == 7  # modulo the parent's length
+    # 5 at position 2 would fire at position 0: the next position with a token not seen before
+    assert restop_token([5, 6, 5, 9], 2) == 9
+    assert restop_token([5, 5, 5, 6], 1) == 6
+    assert restop_token([5, 6, 5, 5], 2) == 6  # wraps round to position 1 (never to 0 while another exists)
+    assert restop_token([5, 5], 1) == 5  # no new token past position 0: it may fire early
+    assert restop_token([4], 3) == 4
