@@ -57,7 +57,7 @@ CONFIG_SPACE = {
     "pool_tokens": (4096, 64, 256),
     "drafter": ("none", "oracle", "adversarial", "draft", "ngram"),
     "k": (3, 1, 5),
-    "chunk_size": ("none", 5, 16),
+    "chunk_size": ("none", 13, 16),
     "token_budget": (4096, 24),
 }
 KNOB_ROLES = {"block_size": "cache", "pool_tokens": "cache", "drafter": "speculation", "k": "speculation",

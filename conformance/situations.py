@@ -280,13 +280,18 @@ def naive_identity_collision(h: History) -> int:
 
 
 def _canonical(caps: Capabilities, ids: tuple[int, ...]) -> tuple[int, ...]:
-    out = list(ids)
+    """`ids` with each landmark spelling rewritten to the shorter of its pair. Most prompts hold none:
+    a pair whose first token is absent is skipped without a scan (this runs on every request)."""
+    out, present = list(ids), set(ids)
     for one, other in caps.landmarks.same_text:
         long, short = (one, other) if len(one) >= len(other) else (other, one)
+        if long[0] not in present:
+            continue
         i = 0
         while i + len(long) <= len(out):
-            if tuple(out[i:i + len(long)]) == long:
+            if out[i] == long[0] and tuple(out[i:i + len(long)]) == long:
                 out[i:i + len(long)] = short
+                present.update(short)
             i += 1
     return tuple(out)
 

@@ -121,7 +121,9 @@ class NgramDrafter(Drafter):
 
 
 class OracleDrafter(Drafter):
-    """Test drafter: the target's own greedy continuation, computed once per request by the baseline.
+    """Test drafter: the target's own greedy continuation, computed by the baseline once per prompt and
+    weights (a suite sends one prompt many times: resends, restops, sharers; a plan long enough for one
+    serves every shorter one).
 
     It keeps proposing past eos, stop ids and max_tokens (the baseline runs on without them), so the
     engine's truncation of an accepted run is exercised, not bypassed.
@@ -132,25 +134,21 @@ class OracleDrafter(Drafter):
     def __init__(self, registry: ModelRegistry, k: int = 4) -> None:
         super().__init__(registry)
         self.k = k
-        self.plans: dict[str, tuple[tuple, tuple[int, ...]]] = {}
+        self.plans: dict[tuple, tuple[int, ...]] = {}  # (weights key, prompt) -> the longest run so far
 
     def plan(self, seq: Sequence) -> tuple[int, ...]:
-        key = (seq.prompt, seq.identity, seq.max_tokens)
-        cached = self.plans.get(seq.request_id)
-        if cached is None or cached[0] != key:
-            model = self.registry.model(seq.identity)
-            room = model.config.max_position_embeddings - len(seq.prompt)
-            run = greedy(model, seq.prompt, min(room, seq.max_tokens + self.k + 1), stop_ids=(), eos_id=-1)
-            cached = (key, run.output)
-            self.plans[seq.request_id] = cached
-        return cached[1]
+        model = self.registry.model(seq.identity)
+        key = (self.registry.weights_key(seq.identity), seq.prompt)
+        need = min(model.config.max_position_embeddings - len(seq.prompt), seq.max_tokens + self.k + 1)
+        cached = self.plans.get(key, ())
+        if len(cached) < need:
+            cached = greedy(model, seq.prompt, need, stop_ids=(), eos_id=-1).output
+            self.plans[key] = cached
+        return cached
 
     def propose(self, seq: Sequence, k: int) -> list[int]:
         produced = len(seq.output)
         return list(self.plan(seq)[produced:produced + k])
-
-    def forget(self, request_id: str) -> None:
-        self.plans.pop(request_id, None)
 
     def reset(self) -> None:
         self.plans.clear()

@@ -158,3 +158,22 @@ def test_a_refused_request_leaves_no_sibling_of_its_batch_live(refused, error):
     reports = engine.generate([Request("a", [5, 6], 4), Request("b", [7, 8], 4)])
     assert [r.output for r in reports] == [expected(Identity(), p, 4, ()).output for p in ([5, 6], [7, 8])]
     at_rest(engine)
+
+
+def test_oracle_plans_are_shared_per_prompt_and_weights_and_never_across_weights():
+    from reference_engine.baseline import greedy
+    from reference_engine.drafters import OracleDrafter
+    from reference_engine.sequence import Sequence
+
+    reg = registry()
+    drafter = OracleDrafter(reg, k=2)
+
+    def plan(identity, max_tokens):
+        return drafter.plan(Sequence("x", PROMPT, max_tokens, frozenset(), identity, 2))
+
+    short, long = plan(Identity(), 3), plan(Identity(), 9)
+    assert long == greedy(reg.model(Identity()), PROMPT, 12, eos_id=-1).output and long[:len(short)] == short
+    assert plan(Identity(), 3) is long  # a shorter request is served by the longer plan
+    other = plan(Identity("a", "upper"), 9)
+    assert other == greedy(reg.model(Identity("a", "upper")), PROMPT, 12, eos_id=-1).output != long
+    assert plan(Identity("a", None, "t1"), 9) is long  # a salt does not change the weights

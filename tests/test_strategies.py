@@ -71,3 +71,17 @@ def test_restop_stops_at_the_drawn_position_unless_its_token_came_earlier():
     assert restop_token([5, 6, 5, 5], 2) == 6  # wraps round to position 1 (never to 0 while another exists)
     assert restop_token([5, 5], 1) == 5  # no new token past position 0: it may fire early
     assert restop_token([4], 3) == 4
+
+
+def test_speculation_sweep_puts_every_knob_at_each_value_past_its_first():
+    from types import SimpleNamespace
+
+    from conformance.strategies import speculation_sweep
+
+    space = {"drafter": ("none", "oracle", "draft", "ngram"), "k": (3, 1, 5), "block_size": (16, 4)}
+    s = SimpleNamespace(caps=SimpleNamespace(config_space=space), spec=["drafter", "k"], current={"block_size": 4})
+    sweep = speculation_sweep(s, {"k": 5})
+    assert [c["drafter"] for c in sweep] == ["oracle", "draft", "ngram"]  # every drafter, none left out
+    assert all(c["k"] == 5 and c["block_size"] == 4 for c in sweep)  # `fixed` on top, the rest kept
+    assert {c["k"] for c in speculation_sweep(s, {})} == {1, 5}
+    assert speculation_sweep(SimpleNamespace(caps=s.caps, spec=[], current={}), {}) == []
