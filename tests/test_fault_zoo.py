@@ -80,50 +80,7 @@ def test_unfaulted_engine_passes_ci_profile(tmp_path):
     assert row.verdict == "pass", row
 
 
-# The faults of issue 13, with the situation each needs (conformance/situations.py). Those today's CI
-# stream does not catch yet (not in CAUGHT_TODAY) are xfail and not run in CI: each would cost a full
-# 100-example run (~20 s) for an expected miss. Add a fault to CAUGHT_TODAY once the streams reach its
-# situation.
-NEEDS_SITUATION = {
-    "eos_checked_on_last_token": "eos accepted as a draft before the last token of a verification window",
-    "eos_bonus_unchecked": "eos as the bonus token (every draft accepted, the target's next token eos)",
-    "eos_ignored_on_hit": "a request with a prefix hit that finishes on eos",
-    "stop_checked_on_last_token": "a stop id accepted as a draft before the last token of a window",
-    "max_tokens_window_overrun": "max_tokens reached before the last token of a verification window",
-    "length_checked_before_stop": "an eos / stop id inside a window that also crosses max_tokens",
-    "scheduled_blocks_cached": "same-batch sharing of a block still being computed, chunk % block size != 0",
-    "identity_joined_with_separator": "salt 't:upper' vs salt 't' + adapter 'upper' (or an in-place reload)",
-    "reload_stale_on_lookup": "an in-place adapter reload after the old binding warmed the prefix",
-    "text_keyed_blocks": "the same text under another segmentation, blocks of equal token counts",
-    "tf32_hit_logits": "a near-tie (margin < ~2e-3) at the first token of a request with a prefix hit",
-}
-# Of those, the ones today's derandomised CI stream catches within 31 examples (measured: first failure at
-# example 3, 31, 31), run in CI like the classic faults ...
-CAUGHT_TODAY = {"max_tokens_window_overrun", "reload_stale_on_lookup", "scheduled_blocks_cached",
-                # reached once the streams steered there (eos paths, stops past position 0, collide,
-                # near-ties; then eos placed as the bonus token, near-ties resent warm, respellings
-                # inside one block).
-                "eos_ignored_on_hit", "stop_checked_on_last_token",
-                "length_checked_before_stop", "identity_joined_with_separator",
-                "eos_bonus_unchecked", "text_keyed_blocks", "tf32_hit_logits"}
-# eos_checked_on_last_token needs the oracle drafter (the only one that drafts past eos) with eos before
-# the window's last token; the derandomised stream stopped reaching it once half the eos tails went to
-# the bonus placement (measured 2026-12-01: not caught in 100 examples), so it is not run here.
-# ... and the ones it catches only late (first failure at example 72 of 100: a stop id inside a window
-# once in the run), not run in CI for their cost, above the bar of <= 30 examples.
-CAUGHT_LATE: dict[str, int] = {}
-
-
-def _zoo_param(name: str):
-    if name in NEEDS_SITUATION and name not in CAUGHT_TODAY:
-        why = (f"caught only at example {CAUGHT_LATE[name]} of the derandomised CI run" if name in CAUGHT_LATE
-               else "not caught by the CI stream")
-        return pytest.param(name, marks=pytest.mark.xfail(reason=f"{why}; needs: {NEEDS_SITUATION[name]}",
-                                                          run=False, strict=False))
-    return name
-
-
-@pytest.mark.parametrize("name", [_zoo_param(n) for n in FAULTS])
+@pytest.mark.parametrize("name", list(FAULTS))
 def test_fault_is_caught_with_expected_check_and_a_witness(name, tmp_path):
     # No shrinking here: what a time-capped shrink reaches depends on the machine's load, and a CI test
     # must not. The test asserts what is deterministic (derandomised CI profile): the fault is caught,
@@ -205,13 +162,8 @@ WITNESSES = sorted((Path(__file__).resolve().parent.parent / "reports" / "fault-
 
 
 def test_every_fault_has_a_committed_witness():
-    """The faults of issue 13 (NEEDS_SITUATION) get theirs when reports/fault-zoo.md is next regenerated
-    (`make reports-fault-zoo`); then this fails until the exemption below is dropped."""
-    assert {p.stem for p in WITNESSES} == set(FAULTS) - set(NEEDS_SITUATION)
-
-
-def test_every_fault_awaiting_a_situation_is_a_fault():
-    assert set(NEEDS_SITUATION) <= set(FAULTS) and CAUGHT_TODAY | set(CAUGHT_LATE) <= set(NEEDS_SITUATION)
+    """`make reports-fault-zoo` writes one per fault; a new fault needs the report regenerated."""
+    assert {p.stem for p in WITNESSES} == set(FAULTS)
 
 
 @pytest.mark.parametrize("path", WITNESSES, ids=lambda p: p.stem)
