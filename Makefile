@@ -35,8 +35,8 @@ test: setup chromium
 	$(PY) -m pytest -n 2 -q tests
 
 # Regenerating the committed reports is explicit: user runs of `kvparity fault-zoo` / `kvparity bench`
-# write under .kvparity/ (git-ignored). These reproduce reports/fault-zoo.md (16 faults, ci profile, 60 s
-# shrink cap, about 8 min on 2 cores; its hand-written notes, from "## What it took" on, are carried over)
+# write under .kvparity/ (git-ignored). These reproduce reports/fault-zoo.md (27 faults x 5 seeds, ci profile,
+# 60 s shrink cap, about 52 min on one core; its hand-written notes, from "## What it took" on, are carried over)
 # and reports/economics/ (reference engine, full size, k = 4).
 ZOO_NOTES := .kvparity/fault-zoo-notes.md
 

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/adapter_ignored.json`. 
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "adapter_ignored"}. Steps (from a cold cache):
-  1. batch 0: r4: 16-token prompt, max_tokens 1, adapter rot13 -> expected [223]
-  2. batch 1: r6: 17-token prompt, max_tokens 1, stop [4] -> expected [17]
+  1. batch 0: r1: 16-token prompt, max_tokens 2, stop [16] -> expected [16]
+  2. batch 1: r2: 17-token prompt, max_tokens 1, adapter rot13 -> expected [223]
 
 Run:  python reproducers/fault-zoo/adapter_ignored.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,21 +384,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r4",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 1,
-     "stop_ids": [],
+     "id": "r1",
+     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22],
+     "max_tokens": 2,
+     "stop_ids": [16],
      "identity": {
       "revision": "a",
-      "adapter": "rot13",
-      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "adapter": null,
+      "adapter_digest": null,
       "salt": null
      },
      "expected": {
-      "output": [223],
-      "finish_reason": "length",
-      "margins": [0.15583520025054565],
-      "runner_up": [21]
+      "output": [16],
+      "finish_reason": "stop",
+      "margins": [0.24521566666702022],
+      "runner_up": [15]
      }
     }
    ]
@@ -412,21 +412,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r6",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 28],
+     "id": "r2",
+     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
      "max_tokens": 1,
-     "stop_ids": [4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
+      "adapter": "rot13",
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
       "salt": null
      },
      "expected": {
-      "output": [17],
+      "output": [223],
       "finish_reason": "length",
-      "margins": [1.1604375529519908],
-      "runner_up": [287]
+      "margins": [0.03592937685458075],
+      "runner_up": [21]
      }
     }
    ]

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/adapter_name_only.json`
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "adapter_name_only"}. Steps (from a cold cache):
-  1. batch 0: r6: 16-token prompt, max_tokens 2, adapter rot13 -> expected [62, 62]
-  2. batch 1: r10: 17-token prompt, max_tokens 1, adapter rot13 -> expected [10]
+  1. batch 0: r11: 16-token prompt, max_tokens 2, stop [11], adapter rot13 -> expected [223, 23]
+  2. batch 1: r12: 17-token prompt, max_tokens 1, adapter rot13 -> expected [12]
 
 Run:  python reproducers/fault-zoo/adapter_name_only.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,21 +384,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r6",
+     "id": "r11",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
      "max_tokens": 2,
-     "stop_ids": [],
+     "stop_ids": [11],
      "identity": {
       "revision": "a",
       "adapter": "rot13",
-      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
       "salt": null
      },
      "expected": {
-      "output": [62, 62],
+      "output": [223, 23],
       "finish_reason": "length",
-      "margins": [0.09075163969329036, 0.246108011175302],
-      "runner_up": [935, 80]
+      "margins": [0.15583520025054565, 0.177672082799754],
+      "runner_up": [21, 24]
      }
     }
    ]
@@ -412,20 +412,20 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r10",
+     "id": "r12",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": "rot13",
-      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
       "salt": null
      },
      "expected": {
-      "output": [10],
+      "output": [12],
       "finish_reason": "length",
-      "margins": [0.10687132711250324],
+      "margins": [0.3113587946677452],
       "runner_up": [18]
      }
     }

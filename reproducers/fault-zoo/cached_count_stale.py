@@ -5,9 +5,10 @@ Exported by `kvparity export reports/fault-zoo/witnesses/cached_count_stale.json
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "cached_count_stale"}. Steps (from a cold cache):
-  1. batch 0: r0: 16-token prompt, max_tokens 1 -> expected [16]
-  2. batch 1: r1: 17-token prompt, max_tokens 1 -> expected [16]
-  3. batch 2: r2: 17-token prompt, max_tokens 1, salt tenant-a -> expected [16]
+  1. batch 0: r0: 16-token prompt, max_tokens 1, stop [4] -> expected [16]
+  2. batch 1: r1: 17-token prompt, max_tokens 1, stop [4] -> expected [33]
+  3. reset (flush the prefix cache)
+  4. batch 2: r2: 17-token prompt, max_tokens 1, stop [4] -> expected [33]
 
 Run:  python reproducers/fault-zoo/cached_count_stale.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -386,9 +387,9 @@ PLAN = load_plan(r'''
    "requests": [
     {
      "id": "r0",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22],
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
      "max_tokens": 1,
-     "stop_ids": [],
+     "stop_ids": [4],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -398,8 +399,8 @@ PLAN = load_plan(r'''
      "expected": {
       "output": [16],
       "finish_reason": "length",
-      "margins": [0.24521566666702022],
-      "runner_up": [15]
+      "margins": [1.0739155913357141],
+      "runner_up": [17]
      }
     }
    ]
@@ -414,9 +415,9 @@ PLAN = load_plan(r'''
    "requests": [
     {
      "id": "r1",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
-     "stop_ids": [],
+     "stop_ids": [4],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -424,38 +425,41 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [16],
+      "output": [33],
       "finish_reason": "length",
-      "margins": [1.2402704729328358],
-      "runner_up": [17]
+      "margins": [0.4237921566111966],
+      "runner_up": [12]
      }
     }
    ]
   },
   {
+   "step": "reset"
+  },
+  {
    "step": "batch",
    "index": 2,
-   "epoch": 1,
+   "epoch": 2,
    "segment": 0,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
      "id": "r2",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
-     "stop_ids": [],
+     "stop_ids": [4],
      "identity": {
       "revision": "a",
       "adapter": null,
       "adapter_digest": null,
-      "salt": "tenant-a"
+      "salt": null
      },
      "expected": {
-      "output": [16],
+      "output": [33],
       "finish_reason": "length",
-      "margins": [1.2402704729328358],
-      "runner_up": [17]
+      "margins": [0.4237921566111966],
+      "runner_up": [12]
      }
     }
    ]

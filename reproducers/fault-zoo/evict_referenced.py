@@ -6,7 +6,7 @@ the reference engine: the `reference_engine` package with its checkpoints (from 
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "evict_referenced"}. Steps (from a cold cache):
   1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. batch 0: r0: 16-token prompt, max_tokens 2 -> expected [16, 12]; r1: 1-token prompt, max_tokens 1 -> expected [287]; r2: 16-token prompt, max_tokens 1, salt tenant-a -> expected [16]; r3: 17-token prompt, max_tokens 1, salt rot13 -> expected [33]
+  2. batch 0: r6: 20-token prompt, max_tokens 2 -> expected [17, 21]; r7: 16-token prompt, max_tokens 1, salt rot13 -> expected [16]; r8: 21-token prompt, max_tokens 3, salt tenant-a -> expected [55, 48, 38]
 
 Run:  python reproducers/fault-zoo/evict_referenced.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -397,8 +397,8 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r0",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "id": "r6",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38],
      "max_tokens": 2,
      "stop_ids": [],
      "identity": {
@@ -408,51 +408,15 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [16, 12],
+      "output": [17, 21],
       "finish_reason": "length",
-      "margins": [1.0739155913357141, 1.5418149981476539],
-      "runner_up": [17, 19]
+      "margins": [0.0027602154244537047, 0.49552337510930844],
+      "runner_up": [11, 20]
      }
     },
     {
-     "id": "r1",
-     "prompt": [28],
-     "max_tokens": 1,
-     "stop_ids": [],
-     "identity": {
-      "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": null
-     },
-     "expected": {
-      "output": [287],
-      "finish_reason": "length",
-      "margins": [0.8197720979220584],
-      "runner_up": [265]
-     }
-    },
-    {
-     "id": "r2",
+     "id": "r7",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 1,
-     "stop_ids": [],
-     "identity": {
-      "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": "tenant-a"
-     },
-     "expected": {
-      "output": [16],
-      "finish_reason": "length",
-      "margins": [1.0739155913357141],
-      "runner_up": [17]
-     }
-    },
-    {
-     "id": "r3",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
@@ -462,10 +426,28 @@ PLAN = load_plan(r'''
       "salt": "rot13"
      },
      "expected": {
-      "output": [33],
+      "output": [16],
       "finish_reason": "length",
-      "margins": [0.4237921566111966],
-      "runner_up": [12]
+      "margins": [1.0739155913357141],
+      "runner_up": [17]
+     }
+    },
+    {
+     "id": "r8",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49],
+     "max_tokens": 3,
+     "stop_ids": [],
+     "identity": {
+      "revision": "a",
+      "adapter": null,
+      "adapter_digest": null,
+      "salt": "tenant-a"
+     },
+     "expected": {
+      "output": [55, 48, 38],
+      "finish_reason": "length",
+      "margins": [0.5448943313209886, 0.5812355341538771, 2.1877057793008188],
+      "runner_up": [50, 746, 43]
      }
     }
    ]

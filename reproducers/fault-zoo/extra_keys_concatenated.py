@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/extra_keys_concatenated
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "extra_keys_concatenated"}. Steps (from a cold cache):
-  1. batch 0: r3: 16-token prompt, max_tokens 2, adapter rot13 -> expected [223, 23]
-  2. batch 1: r7: 17-token prompt, max_tokens 1, salt rot13 -> expected [33]
+  1. batch 0: r0: 16-token prompt, max_tokens 1, stop [4], salt rot13 -> expected [16]
+  2. batch 1: r1: 17-token prompt, max_tokens 1, stop [4], adapter rot13 -> expected [10]
 
 Run:  python reproducers/fault-zoo/extra_keys_concatenated.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,21 +384,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r3",
+     "id": "r0",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 2,
-     "stop_ids": [],
+     "max_tokens": 1,
+     "stop_ids": [4],
      "identity": {
       "revision": "a",
-      "adapter": "rot13",
-      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
-      "salt": null
+      "adapter": null,
+      "adapter_digest": null,
+      "salt": "rot13"
      },
      "expected": {
-      "output": [223, 23],
+      "output": [16],
       "finish_reason": "length",
-      "margins": [0.15583520025054565, 0.177672082799754],
-      "runner_up": [21, 24]
+      "margins": [1.0739155913357141],
+      "runner_up": [17]
      }
     }
    ]
@@ -412,21 +412,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r7",
+     "id": "r1",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
-     "stop_ids": [],
+     "stop_ids": [4],
      "identity": {
       "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": "rot13"
+      "adapter": "rot13",
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "salt": null
      },
      "expected": {
-      "output": [33],
+      "output": [10],
       "finish_reason": "length",
-      "margins": [0.4237921566111966],
-      "runner_up": [12]
+      "margins": [0.10687132711250324],
+      "runner_up": [18]
      }
     }
    ]

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/provisional_blocks_leak
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "provisional_blocks_leaked"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=5, token_budget=4096, max_batch=64
-  2. batch 0: r1: 1-token prompt, max_tokens 16, stop [4] -> expected [287, 294, 16, 671, 10, 281, 16, 671, 10, 281, 16, 671, 10, 281, 16, 671]
+  1. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=13, token_budget=24, max_batch=64
+  2. batch 0: r2: 13-token prompt, max_tokens 16, adapter rot13, salt tenant-a -> expected [50, 59, 65, 53, 16, 9, 308, 265, 416, 40, 481, 50, 46, 49, 37, 45]
 
 Run:  python reproducers/fault-zoo/provisional_blocks_leaked.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -378,13 +378,13 @@ PLAN = load_plan(r'''
   {
    "step": "configure",
    "config": {
-    "block_size": 16,
-    "num_blocks": 256,
+    "block_size": 32,
+    "num_blocks": 2,
     "enable_prefix_cache": true,
-    "drafter": "oracle",
-    "k": 3,
-    "chunk_size": 5,
-    "token_budget": 4096,
+    "drafter": "adversarial",
+    "k": 5,
+    "chunk_size": 13,
+    "token_budget": 24,
     "max_batch": 64
    }
   },
@@ -393,25 +393,25 @@ PLAN = load_plan(r'''
    "index": 0,
    "epoch": 1,
    "segment": 1,
-   "hit_floor": 17,
+   "hit_floor": 32,
    "caching_off": false,
    "requests": [
     {
-     "id": "r1",
-     "prompt": [28],
+     "id": "r2",
+     "prompt": [9, 23, 33, 24, 9, 40, 9, 6, 29, 21, 6, 31, 43],
      "max_tokens": 16,
-     "stop_ids": [4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": null
+      "adapter": "rot13",
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "salt": "tenant-a"
      },
      "expected": {
-      "output": [287, 294, 16, 671, 10, 281, 16, 671, 10, 281, 16, 671, 10, 281, 16, 671],
+      "output": [50, 59, 65, 53, 16, 9, 308, 265, 416, 40, 481, 50, 46, 49, 37, 45],
       "finish_reason": "length",
-      "margins": [0.8197720979220584, 0.05836458903344166, 0.09188565452658892, 0.17986595927801652, 1.228274735119319, 1.0052632571641817, 0.45076340989990626, 0.5190343098739021, 1.5213752062846062, 2.5391889704706676, 1.0613520723339374, 0.1962270142126341, 0.19868862657387965, 2.8783967249077413, 1.2857464594740513, 0.09594915533068171],
-      "runner_up": [265, 305, 330, 276, 473, 72, 330, 470, 473, 708, 330, 470, 65, 708, 330, 425]
+      "margins": [0.14772338464044665, 0.27669611181541764, 0.43009099099776904, 0.043043111001692225, 0.672120884982677, 0.2614649673287355, 0.8809887131215195, 0.19956137741374924, 0.26855423489788954, 0.08221511904615397, 0.2831189197732762, 0.20661180526816914, 0.16349138923603057, 0.10768988519913236, 0.016538412602462138, 0.48482838256107463],
+      "runner_up": [40, 43, 57, 37, 55, 265, 201, 287, 354, 53, 367, 55, 43, 43, 50, 54]
      }
     }
    ]

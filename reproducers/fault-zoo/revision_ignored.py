@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/revision_ignored.json`.
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "revision_ignored"}. Steps (from a cold cache):
-  1. batch 0: r0: 16-token prompt, max_tokens 1 -> expected [16]
-  2. batch 1: r1: 17-token prompt, max_tokens 1, revision b -> expected [201]
+  1. batch 0: r1: 16-token prompt, max_tokens 1, revision b, adapter upper, salt rot13 -> expected [4]
+  2. batch 1: r4: 17-token prompt, max_tokens 1, adapter upper, salt rot13 -> expected [223]
 
 Run:  python reproducers/fault-zoo/revision_ignored.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,21 +384,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r0",
+     "id": "r1",
      "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
-      "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": null
+      "revision": "b",
+      "adapter": "upper",
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "salt": "rot13"
      },
      "expected": {
-      "output": [16],
+      "output": [4],
       "finish_reason": "length",
-      "margins": [0.24521566666702022],
-      "runner_up": [15]
+      "margins": [0.5083549109854291],
+      "runner_up": [11]
      }
     }
    ]
@@ -412,21 +412,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r1",
+     "id": "r4",
      "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
-      "revision": "b",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": null
+      "revision": "a",
+      "adapter": "upper",
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "salt": "rot13"
      },
      "expected": {
-      "output": [201],
+      "output": [223],
       "finish_reason": "length",
-      "margins": [0.7645705935803715],
-      "runner_up": [291]
+      "margins": [0.03592937685458075],
+      "runner_up": [21]
      }
     }
    ]

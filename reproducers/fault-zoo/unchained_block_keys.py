@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Standalone reproducer: kvparity witness unchained_block_keys.json (isolation) on reference.
+"""Standalone reproducer: kvparity witness unchained_block_keys.json (history_independence) on reference.
 
 Exported by `kvparity export reports/fault-zoo/witnesses/unchained_block_keys.json`. It does not import kvparity: it needs
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "unchained_block_keys"}. Steps (from a cold cache):
-  1. batch 0: r4: 32-token prompt, max_tokens 1 -> expected [33]
-  2. batch 1: r6: 17-token prompt, max_tokens 8 -> expected [11, 433, 398, 11, 265, 327, 349, 10]
+  1. batch 0: r3: 32-token prompt, max_tokens 1, stop [4] -> expected [308]
+  2. batch 1: r4: 17-token prompt, max_tokens 1, stop [4] -> expected [349]
 
 Run:  python reproducers/fault-zoo/unchained_block_keys.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -354,14 +354,14 @@ class Driver:
 PLAN = load_plan(r'''
 {
  "format": 1,
- "description": "Standalone reproducer of kvparity witness unchained_block_keys.json (isolation) on reference.",
+ "description": "Standalone reproducer of kvparity witness unchained_block_keys.json (history_independence) on reference.",
  "witness": {
   "file": "unchained_block_keys.json",
   "engine": "reference",
   "engine_args": {
    "fault": "unchained_block_keys"
   },
-  "check": "isolation",
+  "check": "history_independence",
   "case_id": null,
   "title": null
  },
@@ -384,10 +384,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r4",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10],
+     "id": "r3",
+     "prompt": [12, 40, 8, 20, 11, 35, 32, 34, 45, 28, 17, 10, 35, 5, 28, 31, 42, 4, 48, 32, 21, 50, 18, 41, 10, 24, 5, 5, 5, 45, 38, 4],
      "max_tokens": 1,
-     "stop_ids": [],
+     "stop_ids": [4],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -395,10 +395,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [33],
+      "output": [308],
       "finish_reason": "length",
-      "margins": [0.40927468001941225],
-      "runner_up": [18]
+      "margins": [0.46708438744866587],
+      "runner_up": [454]
      }
     }
    ]
@@ -412,10 +412,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r6",
-     "prompt": [10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26],
-     "max_tokens": 8,
-     "stop_ids": [],
+     "id": "r4",
+     "prompt": [42, 4, 48, 32, 21, 50, 18, 41, 10, 24, 5, 5, 5, 45, 38, 4, 28],
+     "max_tokens": 1,
+     "stop_ids": [4],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -423,10 +423,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [11, 433, 398, 11, 265, 327, 349, 10],
+      "output": [349],
       "finish_reason": "length",
-      "margins": [0.15064017143370023, 0.3901264158409097, 1.960193126740709, 0.6535678997618461, 0.37124808171236623, 0.25991572093375126, 0.6511093413629885, 0.6256555277233087],
-      "runner_up": [454, 274, 584, 18, 274, 305, 342, 281]
+      "margins": [0.41260837446019316],
+      "runner_up": [17]
      }
     }
    ]

@@ -322,12 +322,15 @@ class GgufDraftModel(_drafter_base()):  # type: ignore[misc]
     """A draft model for `Llama(draft_model=...)`: greedy k tokens from a second (small) GGUF model in its
     own llama.cpp context, reusing that context's prefix across calls."""
 
-    def __init__(self, model_path: str, k: int, n_ctx: int, n_threads: int, type_kv: int, seed: int):
+    def __init__(self, model_path: str, k: int, n_ctx: int, n_threads: int, type_kv: int, seed: int,
+                 features: versions.Features):
+        import llama_cpp
         from llama_cpp import Llama
 
         self.k = k
-        self.llm = Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
-                         type_k=type_kv, type_v=type_kv, seed=seed, verbose=False)
+        with versions.constructing(features, llama_cpp, kv=type_kv):
+            self.llm = Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads, seed=seed,
+                             verbose=False, **versions.llama_kwargs(features, n_batch=512, kv=type_kv))
 
     def __call__(self, input_ids, /, **kwargs):
         out: list[int] = []
