@@ -608,8 +608,8 @@ def _eos_tail(s: Stream) -> None:
     # position - 1 puts eos as the bonus token of a fully accepted run (position 0 is the prefill's),
     # the largest k puts it inside the accepted run with the run's last token after it; both, under
     # every speculation value in turn (which drafter drafts eos at all depends on the engine; these
-    # prompts are short and end within three tokens, so the sweep is cheap). Otherwise eos anywhere, half the
-    # time with speculation on (inside a draft run, or not speculated).
+    # prompts are short and end within three tokens, so the sweep is cheap). Otherwise eos anywhere,
+    # half the time with speculation on (inside a draft run, or not speculated).
     window = window_knob(s)
     paths = _eos_paths(s) if STEP_KINDS["eos"].applies(s) else []
     if window and paths and s.draw(st.booleans()):
@@ -657,11 +657,12 @@ TAILS = (
     # (lmdeploy 4917) — the fault zoo's `cached_count_stale` went uncaught without it once the tails
     # above took their share of the scenario.
     StepKind("flush_resend", _flush_tail, lambda s: bool(s.pool)),
-    # eos (where the engine's landmarks say it fires), half the time with speculation switched on:
-    # eos inside a draft run or as the bonus token needs both, and neither comes by chance.
+    # eos (where the engine's landmarks say it fires), placed around the verification window under
+    # every speculation value half the time: eos inside a draft run or as the bonus token needs both,
+    # and neither comes by chance.
     StepKind("eos", lambda s: _eos_tail(s), STEP_KINDS["eos"].applies),
-    # A stop id past position 0, always with speculation on: a stop inside a draft run (a plain one
-    # comes from the step kind of the same name).
+    # A stop id past position 0 under every speculation value in turn: a stop inside a draft run (a
+    # plain one comes from the step kind of the same name).
     StepKind("restop", lambda s: _speculated(s, STEP_KINDS["restop"]), STEP_KINDS["restop"].applies),
     # Requests sharing a prefix nobody sent yet, half the time with chunked prefill switched on.
     StepKind("sharers", lambda s: _switched(s, scheduling, STEP_KINDS["sharers"]), STEP_KINDS["sharers"].applies),
