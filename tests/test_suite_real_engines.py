@@ -4,6 +4,7 @@ the transformers adapter (dev profile) passes and writes a complete report."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -42,7 +43,10 @@ def test_transformers_adapter_passes_the_dev_profile_outside_batch_mode(tmp_path
     code = main(["run", "--engine", "transformers", "--engine-arg", "modes=generate,assisted,adversarial,prompt_lookup",
                  "--profile", "dev", "--max-examples", "30", "--seed", "1", "--report-dir", str(tmp_path)])
     out = capsys.readouterr().out
-    assert code == 0, out
+    # 30 examples need not reach every situation (transformers' drafters get few drafts accepted, so a
+    # stop inside an accepted run may be missing: `exercised` is then inconclusive), but no check may fail.
+    assert code == 0 or (code == 2 and "situation never reached" in out), out
+    assert not re.search(r"^\w+ +(fail|error)\b", out, re.M), out
     assert "near-ties 0" in out
     assert (run_dir_of(tmp_path, "transformers") / "report.html").exists()
 
