@@ -133,8 +133,12 @@ def start(tmp_path: Path, chaos: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     args = run_args(tmp_path, chaos, "--engine-arg", "slow_s=0.05")
     args[args.index("--max-examples") + 1] = "200"
+    # SIGINT at its default, as a terminal starts a job: an ignored SIGINT is inherited across exec and
+    # Python then keeps ignoring it (POSIX, as for a `nohup` job). In the full CI run something earlier in
+    # the same xdist worker left SIGINT ignored, and the Ctrl-C test's child ran on to the end.
     return subprocess.Popen([sys.executable, "-m", "conformance", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_a_run_killed_by_sigkill_re_analyses_as_error_not_pass(tmp_path):
