@@ -250,14 +250,13 @@ def minimise_failures(outcome: Any, new_engine: Callable[[], Any], timeout_s: fl
 
 def minimise_line(witness: Path, new_engine: Callable[[], Any], timeout_s: float, engine: str | None = None) -> str:
     """Minimise one witness file; say in one line what came of it."""
-    from conformance.minimise import minimise_witness_file, size
+    from conformance.minimise import minimise_witness_file, size, witness_steps
     from conformance.report import replay_command
-    from conformance.strategies import step_from_json
 
     small = minimise_witness_file(witness, new_engine, timeout_s=timeout_s)
     if small is None:
         return "nothing smaller still fails"
-    before, after = (size([step_from_json(s) for s in json.loads(p.read_text())["steps"]]) for p in (witness, small))
+    before, after = (size(witness_steps(p)) for p in (witness, small))
     return (f"{replay_command(small, engine)} (prompt tokens, requests, steps: {after[0]}, {after[1]}, {after[2]}; "
             f"the run's witness: {before[0]}, {before[1]}, {before[2]})")
 

@@ -163,6 +163,12 @@ def _keep_length_modulo_block(steps: list[Step], default_block_size: int):
                 yield steps[:i] + [Batch(s.items[:j] + (cut,) + s.items[j + 1:])] + steps[i + 1:]
 
 
+def witness_steps(path: str | Path) -> list[Step]:
+    """The steps of a witness file, for measuring it (`kvparity replay` reads a file through
+    `cli.read_witness`, which also checks what it names before anything runs)."""
+    return [step_from_json(s) for s in json.loads(Path(path).read_text())["steps"]]
+
+
 def witness_size(steps: Sequence[Step], default_block_size: int) -> tuple[int, float, int]:
     """(longest prompt in tokens, in blocks of the block size its batch ran with, requests): the size
     an engine developer reads first, reported by the fault zoo and the museum alike."""

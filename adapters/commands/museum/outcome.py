@@ -15,8 +15,7 @@ from attrs import frozen
 
 from conformance.analysis import failing_examples, select_checks
 from conformance.history import load
-from conformance.minimise import witness_size
-from conformance.strategies import step_from_json
+from conformance.minimise import witness_size, witness_steps
 
 
 @frozen
@@ -59,8 +58,7 @@ def read(run_dir: Path | None, check: str | None = None, exit_code: int | None =
     if chosen and chosen.get("witness_file"):
         witness = run_dir / "witnesses" / Path(chosen["witness_file"]).name
         if witness.exists():
-            steps = [step_from_json(s) for s in json.loads(witness.read_text())["steps"]]
-            size = witness_size(steps, int(caps.get("block_size") or 1))
+            size = witness_size(witness_steps(witness), int(caps.get("block_size") or 1))
     return Outcome(verdict, results.get("exit_code", exit_code), run_dir, checks, examples,
                    first, first_checks, witness, *(size or (None, None, None)),
                    engine_version=str(caps.get("version", "")),
