@@ -117,6 +117,10 @@ class ReferenceAdapter:
         self.defaults = {**DEFAULTS, **{k: str(v) for k, v in knobs.items()}}
         engine_config(self.defaults)  # validate now: bad engine arguments are a usage error
         self.registry = shared_registry()
+        # The shipped models' matrices are 128 x 384: an intra-op thread pool's wake-ups cost more than
+        # splitting them saves (the CI profile on 2 cores: 88 s with torch's default of 2 threads, 71 s
+        # with one). Process-wide, and this adapter serves only the shipped models.
+        torch.set_num_threads(1)
         self.engine: Engine | None = None
         self.configure({})
 
@@ -160,8 +164,9 @@ class ReferenceAdapter:
     def baseline(self, request: Request) -> Baseline:
         """Plain greedy decoding on the very same float64 weights the engine uses."""
         try:
-            model = self.registry.model(self._identity(request.identity))
-            g = greedy(model, request.prompt, request.max_tokens, request.stop_ids)
+            identity = self._identity(request.identity)
+            g = greedy(self.registry.model(identity), request.prompt, request.max_tokens, request.stop_ids,
+                       run=self.registry.greedy_run(identity, request.prompt))
         except ReferenceEngineError as e:
             raise UsageError(f"request {request.id}: {e}") from e
         return Baseline(g.output, g.finish_reason, g.margins, g.runner_up, g.contenders)

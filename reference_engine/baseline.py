@@ -9,6 +9,8 @@ top-1, so a lower-precision engine picking the third of three near-equal tokens 
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import attrs
 import torch
 
@@ -50,24 +52,66 @@ def finish_reason(token: int, produced: int, max_tokens: int, stop_ids, eos_id: 
     return None
 
 
-@torch.no_grad()
-def greedy(model: Llama, prompt, max_tokens: int, stop_ids=(), eos_id: int | None = None) -> Greedy:
+class GreedyRun:
+    """One prompt's greedy run under one model, decoded only as far as someone has asked, and extended
+    on demand from its own KV. Decoding step i is the same computation whatever is asked later (the
+    prompt in one forward pass, then one token per step), so a run serves every `greedy` call on its
+    prompt — any max_tokens, stop ids or eos — with each step decoded once."""
+
+    def __init__(self, model: Llama, prompt) -> None:
+        self.model, self.prompt = model, tuple(int(t) for t in prompt)
+        self.kv = DenseKV(model.config, dtype=model.dtype)
+        self.steps: list[tuple[int, float, int, tuple]] = []  # (token, margin, runner-up, contenders)
+
+    @torch.no_grad()
+    def step(self, i: int) -> tuple[int, float, int, tuple]:
+        """Step i (0-based) of the run; the caller has checked it fits the context."""
+        while len(self.steps) <= i:
+            if not self.steps:  # only the prompt's last row is sampled
+                ids = torch.tensor(self.prompt, dtype=torch.long)
+                logits = self.model(ids, torch.arange(len(ids)), self.kv, torch.tensor([len(ids) - 1]))[0]
+            else:
+                pos = len(self.prompt) + len(self.steps) - 1
+                logits = self.model(torch.tensor([self.steps[-1][0]]), torch.tensor([pos]), self.kv)[-1]
+            t1, v1, t2, v2, near = ranked(logits)
+            self.steps.append((t1, v1 - v2, t2, near))
+        return self.steps[i]
+
+
+class GreedyRuns:
+    """The greedy runs of one process's models, by (weights, prompt), least recently used dropped past
+    `capacity` (each holds its KV: about 2 KiB per token for the shipped target). The baseline and the
+    oracle drafters decode the same target greedily on the same prompts; sharing the runs decodes each
+    step once for both."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self.runs: OrderedDict[tuple, GreedyRun] = OrderedDict()
+
+    def run(self, weights_key: tuple, model: Llama, prompt) -> GreedyRun:
+        key = (weights_key, tuple(int(t) for t in prompt))
+        run = self.runs.pop(key, None) or GreedyRun(model, prompt)
+        self.runs[key] = run
+        while len(self.runs) > self.capacity:
+            self.runs.popitem(last=False)
+        return run
+
+
+def greedy(model: Llama, prompt, max_tokens: int, stop_ids=(), eos_id: int | None = None,
+           run: GreedyRun | None = None) -> Greedy:
+    """Plain greedy decoding of `prompt` (on `run`, a `GreedyRun` of this model and prompt, when given)."""
     c = model.config
     validate_prompt(prompt, max_tokens, c.vocab_size, c.max_position_embeddings)
     eos = c.eos_token_id if eos_id is None else eos_id
-    kv = DenseKV(c, dtype=model.dtype)
-    ids = torch.tensor(list(prompt), dtype=torch.long)
-    logits = model(ids, torch.arange(len(ids)), kv, torch.tensor([len(ids) - 1]))[0]  # only the last row is sampled
+    run = run or GreedyRun(model, prompt)
     output, margins, runner_up, close = [], [], [], []
     stop = frozenset(int(s) for s in stop_ids)
     while True:
-        t1, v1, t2, v2, near = ranked(logits)
+        t1, margin, t2, near = run.step(len(output))
         output.append(t1)
-        margins.append(v1 - v2)
+        margins.append(margin)
         runner_up.append(t2)
         close.append(near)
         reason = finish_reason(t1, len(output), max_tokens, stop, eos)
         if reason:
             return Greedy(tuple(output), reason, tuple(margins), tuple(runner_up), tuple(close))
-        pos = len(prompt) + len(output) - 1
-        logits = model(torch.tensor([t1]), torch.tensor([pos]), kv)[-1]

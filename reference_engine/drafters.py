@@ -19,7 +19,6 @@ import abc
 
 import torch
 
-from reference_engine.baseline import greedy
 from reference_engine.config import DRAFTER_NAMES
 from reference_engine.model import DenseKV
 from reference_engine.model_registry import ModelRegistry
@@ -121,11 +120,11 @@ class NgramDrafter(Drafter):
 
 
 class OracleDrafter(Drafter):
-    """Test drafter: the target's own greedy continuation, computed by the baseline once per prompt and
-    weights (a suite sends one prompt many times: resends, restops, sharers; a plan long enough for one
-    serves every shorter one).
+    """Test drafter: the target's own greedy continuation, read off the registry's shared greedy run of
+    the prompt under its weights (`ModelRegistry.greedy_run`: the baseline decodes the same run, and a
+    suite sends one prompt many times — resends, restops, sharers — so each step is decoded once).
 
-    It keeps proposing past eos, stop ids and max_tokens (the baseline runs on without them), so the
+    It keeps proposing past eos, stop ids and max_tokens (the run goes on without them), so the
     engine's truncation of an accepted run is exercised, not bypassed.
     """
 
@@ -134,24 +133,12 @@ class OracleDrafter(Drafter):
     def __init__(self, registry: ModelRegistry, k: int = 4) -> None:
         super().__init__(registry)
         self.k = k
-        self.plans: dict[tuple, tuple[int, ...]] = {}  # (weights key, prompt) -> the longest run so far
-
-    def plan(self, seq: Sequence) -> tuple[int, ...]:
-        model = self.registry.model(seq.identity)
-        key = (self.registry.weights_key(seq.identity), seq.prompt)
-        need = min(model.config.max_position_embeddings - len(seq.prompt), seq.max_tokens + self.k + 1)
-        cached = self.plans.get(key, ())
-        if len(cached) < need:
-            cached = greedy(model, seq.prompt, need, stop_ids=(), eos_id=-1).output
-            self.plans[key] = cached
-        return cached
 
     def propose(self, seq: Sequence, k: int) -> list[int]:
+        run = self.registry.greedy_run(seq.identity, seq.prompt)
+        room = self.registry.model(seq.identity).config.max_position_embeddings - len(seq.prompt)
         produced = len(seq.output)
-        return list(self.plan(seq)[produced:produced + k])
-
-    def reset(self) -> None:
-        self.plans.clear()
+        return [run.step(i)[0] for i in range(produced, min(produced + k, room))]
 
 
 class AdversarialDrafter(OracleDrafter):

@@ -18,6 +18,7 @@ import pathlib
 import torch
 
 from reference_engine import checkpoints
+from reference_engine.baseline import GreedyRun, GreedyRuns
 from reference_engine.errors import UnknownAdapterError
 from reference_engine.model import Llama, LlamaConfig
 from reference_engine.prefix_cache import CacheIdentity
@@ -36,6 +37,7 @@ class ModelRegistry:
         self._identities: dict[Identity, CacheIdentity] = {}  # memo; cleared when an adapter is rebound
         self._known: dict[str, AdapterWeights] = {}  # every adapter weights ever bound here, by digest
         self._bound: dict[str, AdapterWeights] = {}  # adapter name -> its weights now
+        self.runs = GreedyRuns()  # greedy runs by (weights, prompt): derived from weights, never stale
         for name in checkpoints.ADAPTERS:
             if (checkpoints.adapter_dir(name) / "adapter_model.safetensors").exists():
                 self.load_adapter(name, name)
@@ -120,6 +122,12 @@ class ModelRegistry:
         if identity.adapter is None:
             return self.base(identity.revision)
         return self.weights.merged(identity.revision, self._bound[identity.adapter])
+
+    def greedy_run(self, identity: Identity, prompt) -> GreedyRun:
+        """The greedy run of `prompt` under the weights `identity` resolves to now (keyed by the
+        weights' digests, so a salt shares it and an in-place reload does not)."""
+        ci = self.cache_identity(identity)
+        return self.runs.run((ci.revision_digest, ci.adapter_digest), self.model(identity), prompt)
 
     def draft(self) -> Llama:
         return self.weights.draft()

@@ -160,20 +160,26 @@ def test_a_refused_request_leaves_no_sibling_of_its_batch_live(refused, error):
     at_rest(engine)
 
 
-def test_oracle_plans_are_shared_per_prompt_and_weights_and_never_across_weights():
+def test_greedy_runs_are_shared_per_prompt_and_weights_and_never_across_weights():
+    """The oracle drafter and the baseline read one greedy run per (weights, prompt): a salt shares it,
+    other weights never do, and what either reads equals a fresh greedy decode."""
     from reference_engine.baseline import greedy
     from reference_engine.drafters import OracleDrafter
     from reference_engine.sequence import Sequence
 
     reg = registry()
-    drafter = OracleDrafter(reg, k=2)
-
-    def plan(identity, max_tokens):
-        return drafter.plan(Sequence("x", PROMPT, max_tokens, frozenset(), identity, 2))
-
-    short, long = plan(Identity(), 3), plan(Identity(), 9)
-    assert long == greedy(reg.model(Identity()), PROMPT, 12, eos_id=-1).output and long[:len(short)] == short
-    assert plan(Identity(), 3) is long  # a shorter request is served by the longer plan
-    other = plan(Identity("a", "upper"), 9)
-    assert other == greedy(reg.model(Identity("a", "upper")), PROMPT, 12, eos_id=-1).output != long
-    assert plan(Identity("a", None, "t1"), 9) is long  # a salt does not change the weights
+    drafter = OracleDrafter(reg, k=3)
+    base, upper = Identity(), Identity("a", "upper")
+    fresh = greedy(reg.model(base), PROMPT, 12, eos_id=-1).output
+    seq = Sequence("x", PROMPT, 9, frozenset(), base, 2)
+    seq.tokens.extend(fresh[:5])
+    assert drafter.propose(seq, 3) == list(fresh[5:8])
+    run = reg.greedy_run(base, PROMPT)
+    assert len(run.steps) == 8  # decoded only as far as asked
+    assert reg.greedy_run(Identity("a", None, "t1"), PROMPT) is run  # a salt does not change the weights
+    assert greedy(reg.model(base), PROMPT, 12, eos_id=-1, run=run).output == fresh  # extended on demand
+    assert len(run.steps) == 12
+    other = reg.greedy_run(upper, PROMPT)
+    assert other is not run
+    assert greedy(reg.model(upper), PROMPT, 12, eos_id=-1, run=other).output == \
+        greedy(reg.model(upper), PROMPT, 12, eos_id=-1).output != fresh
