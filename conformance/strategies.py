@@ -475,7 +475,6 @@ def _reload(s: Stream) -> tuple:
     name = victim.identity.adapter
     other = s.draw(st.sampled_from(sorted(d for n, d in adapter_bindings(s.caps)
                                           if n == name and d != victim.identity.adapter_digest)))
-
     return (Request(s.next_id(), victim.prompt[:s.top], victim.max_tokens, victim.stop_ids,
                     evolve(victim.identity, adapter_digest=other)),)
 
@@ -567,11 +566,12 @@ def _respec_tail(s: Stream) -> None:
 
 
 def _cross_identity_tail(s: Stream) -> None:
-    # An earlier prompt sent again as it was — a hit, and a cached-token count — then under every identity one input away in turn (another revision, salt, adapter, the
-    # adapter reloaded), together after it: a key that drops any one input serves that request
-    # the victim's KV, and a count memoised by prompt is reported for it (lmdeploy 4917). A random
-    # poisoning changes one input in four at best, and one seed of five never changed the revision.
-    # The prompt is cut to one block and a token, the shortest that a hit can serve.
+    # An earlier prompt sent again as it was (a hit, and a cached-token count), then under every
+    # identity one input away: another revision, salt and adapter in one batch, the same adapter
+    # reloaded in a batch of its own. A key that drops any one input serves one of them the victim's
+    # KV, and a count memoised by prompt is reported for it (lmdeploy 4917). A random poisoning
+    # changes the revision in about one scenario in sixteen, and one seed of five never did. The
+    # prompt is cut to one block and a token, the shortest that a hit can serve.
     bs = s.bs
     victims = [p for p in s.requests_in_pool() if bs < len(p.prompt) <= s.top]
     if victims:
@@ -740,8 +740,6 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
 def renamed(item: Union[Request, Continuation], new_id: str, top: int) -> Union[Request, Continuation]:
     """`item` again under a new id, its prompt kept within `top` (a smaller configuration may hold less
     than the one it was first sent under)."""
-
-
     if isinstance(item, Continuation):
         return evolve(item, id=new_id, max_prompt=min(item.max_prompt, top))
     return evolve(item, id=new_id, prompt=item.prompt[:top])
