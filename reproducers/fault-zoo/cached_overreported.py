@@ -425,7 +425,7 @@ PLAN = load_plan(r'''
      "expected": {
       "output": [33],
       "finish_reason": "length",
-      "margins": [0.4237921566111966],
+      "margins": [0.42379215661119574],
       "runner_up": [12]
      }
     }

@@ -6,7 +6,7 @@ the reference engine: the `reference_engine` package with its checkpoints (from 
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "chunk_positions_from_chunk_start"}. Steps (from a cold cache):
   1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=none, k=3, chunk_size=13, token_budget=4096, max_batch=64
-  2. batch 0: r1: 17-token prompt, max_tokens 1, stop [4], adapter rot13 -> expected [12]
+  2. batch 0: r1: 15-token prompt, max_tokens 2, stop [4] -> expected [16, 12]
 
 Run:  python reproducers/fault-zoo/chunk_positions_from_chunk_start.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -398,20 +398,20 @@ PLAN = load_plan(r'''
    "requests": [
     {
      "id": "r1",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
-     "max_tokens": 1,
+     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12],
+     "max_tokens": 2,
      "stop_ids": [4],
      "identity": {
       "revision": "a",
-      "adapter": "rot13",
-      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "adapter": null,
+      "adapter_digest": null,
       "salt": null
      },
      "expected": {
-      "output": [12],
+      "output": [16, 12],
       "finish_reason": "length",
-      "margins": [0.3113587946677452],
-      "runner_up": [18]
+      "margins": [1.6399674940360054, 1.5531022088710742],
+      "runner_up": [17, 17]
      }
     }
    ]

@@ -5,7 +5,7 @@ Exported by `kvparity export reports/fault-zoo/witnesses/drafts_past_finish.json
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "drafts_past_finish"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=16, token_budget=4096, max_batch=64
+  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
   2. batch 0: r1: 1-token prompt, max_tokens 2 -> expected [287, 294]
 
 Run:  python reproducers/fault-zoo/drafts_past_finish.py   (--help lists its options)
@@ -383,7 +383,7 @@ PLAN = load_plan(r'''
     "enable_prefix_cache": true,
     "drafter": "oracle",
     "k": 3,
-    "chunk_size": 16,
+    "chunk_size": null,
     "token_budget": 4096,
     "max_batch": 64
    }

@@ -5,19 +5,16 @@ Exported by `kvparity export reports/fault-zoo/witnesses/eos_bonus_unchecked.jso
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "eos_bonus_unchecked"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. reset (flush the prefix cache)
-  3. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  4. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  5. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  6. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=adversarial, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  7. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  8. batch 0: r15: 29-token prompt, max_tokens 4 -> expected [345, 201, 2]
-  9. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=ngram, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  10. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  11. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  12. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=draft, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  13. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
+  2. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  3. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  4. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  5. batch 0: r13: 29-token prompt, max_tokens 4 -> expected [345, 201, 2]
+  6. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  7. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  8. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  9. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  10. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
 
 Run:  python reproducers/fault-zoo/eos_bonus_unchecked.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -392,47 +389,18 @@ PLAN = load_plan(r'''
     "block_size": 16,
     "num_blocks": 256,
     "enable_prefix_cache": true,
-    "drafter": "none",
+    "drafter": "oracle",
     "k": 3,
     "chunk_size": null,
     "token_budget": 4096,
     "max_batch": 64
    }
-  },
-  {
-   "step": "reset"
   },
   {
    "step": "configure",
    "config": {
     "block_size": 16,
     "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "oracle",
-    "k": 3,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 4,
-    "enable_prefix_cache": true,
-    "drafter": "oracle",
-    "k": 3,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 4,
     "enable_prefix_cache": true,
     "drafter": "oracle",
     "k": 1,
@@ -445,7 +413,7 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 4,
+    "num_blocks": 256,
     "enable_prefix_cache": true,
     "drafter": "adversarial",
     "k": 1,
@@ -458,7 +426,7 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 4,
+    "num_blocks": 256,
     "enable_prefix_cache": true,
     "drafter": "draft",
     "k": 1,
@@ -470,13 +438,13 @@ PLAN = load_plan(r'''
   {
    "step": "batch",
    "index": 0,
-   "epoch": 2,
-   "segment": 6,
+   "epoch": 1,
+   "segment": 4,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r15",
+     "id": "r13",
      "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16, 475, 264],
      "max_tokens": 4,
      "stop_ids": [],
@@ -489,7 +457,7 @@ PLAN = load_plan(r'''
      "expected": {
       "output": [345, 201, 2],
       "finish_reason": "eos",
-      "margins": [1.3774342632448349, 1.0171370294979543, 0.31373394636692],
+      "margins": [1.377434263244833, 1.0171370294979543, 0.3137339463669182],
       "runner_up": [10, 274, 201]
      }
     }
@@ -499,7 +467,7 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 4,
+    "num_blocks": 256,
     "enable_prefix_cache": true,
     "drafter": "ngram",
     "k": 1,
@@ -512,7 +480,7 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 4,
+    "num_blocks": 256,
     "enable_prefix_cache": true,
     "drafter": "oracle",
     "k": 5,
@@ -525,7 +493,7 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 4,
+    "num_blocks": 256,
     "enable_prefix_cache": true,
     "drafter": "adversarial",
     "k": 5,
@@ -538,7 +506,7 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 4,
+    "num_blocks": 256,
     "enable_prefix_cache": true,
     "drafter": "draft",
     "k": 5,
@@ -551,7 +519,7 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 4,
+    "num_blocks": 256,
     "enable_prefix_cache": true,
     "drafter": "ngram",
     "k": 5,

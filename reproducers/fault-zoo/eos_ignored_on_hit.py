@@ -1,12 +1,22 @@
 #!/usr/bin/env python3
-"""Standalone reproducer: kvparity witness eos_ignored_on_hit.json (history_independence) on reference.
+"""Standalone reproducer: kvparity witness eos_ignored_on_hit.json (accounting) on reference.
 
 Exported by `kvparity export reports/fault-zoo/witnesses/eos_ignored_on_hit.json`. It does not import kvparity: it needs
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "eos_ignored_on_hit"}. Steps (from a cold cache):
-  1. batch 0: r8: 13-token prompt, max_tokens 4 -> expected [311, 456, 300, 311]
-  2. batch 1: r9: 29-token prompt, max_tokens 3 -> expected [345, 201, 2]
+  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
+  2. reset (flush the prefix cache)
+  3. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  4. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  5. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  6. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  7. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  8. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  9. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  10. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  11. batch 0: r29: 13-token prompt, max_tokens 5 -> expected [311, 456, 300, 311, 475]
+  12. batch 1: r30: 29-token prompt, max_tokens 4 -> expected [345, 201, 2]
 
 Run:  python reproducers/fault-zoo/eos_ignored_on_hit.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -354,14 +364,14 @@ class Driver:
 PLAN = load_plan(r'''
 {
  "format": 1,
- "description": "Standalone reproducer of kvparity witness eos_ignored_on_hit.json (history_independence) on reference.",
+ "description": "Standalone reproducer of kvparity witness eos_ignored_on_hit.json (accounting) on reference.",
  "witness": {
   "file": "eos_ignored_on_hit.json",
   "engine": "reference",
   "engine_args": {
    "fault": "eos_ignored_on_hit"
   },
-  "check": "history_independence",
+  "check": "accounting",
   "case_id": null,
   "title": null
  },
@@ -376,17 +386,137 @@ PLAN = load_plan(r'''
  },
  "steps": [
   {
+   "step": "configure",
+   "config": {
+    "block_size": 16,
+    "num_blocks": 256,
+    "enable_prefix_cache": true,
+    "drafter": "oracle",
+    "k": 3,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "reset"
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 16,
+    "num_blocks": 256,
+    "enable_prefix_cache": true,
+    "drafter": "oracle",
+    "k": 1,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 16,
+    "num_blocks": 256,
+    "enable_prefix_cache": true,
+    "drafter": "adversarial",
+    "k": 1,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 16,
+    "num_blocks": 256,
+    "enable_prefix_cache": true,
+    "drafter": "draft",
+    "k": 1,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 16,
+    "num_blocks": 256,
+    "enable_prefix_cache": true,
+    "drafter": "ngram",
+    "k": 1,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 16,
+    "num_blocks": 256,
+    "enable_prefix_cache": true,
+    "drafter": "oracle",
+    "k": 5,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 16,
+    "num_blocks": 256,
+    "enable_prefix_cache": true,
+    "drafter": "adversarial",
+    "k": 5,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 16,
+    "num_blocks": 256,
+    "enable_prefix_cache": true,
+    "drafter": "draft",
+    "k": 5,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 16,
+    "num_blocks": 256,
+    "enable_prefix_cache": true,
+    "drafter": "ngram",
+    "k": 5,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
    "step": "batch",
    "index": 0,
-   "epoch": 1,
-   "segment": 0,
+   "epoch": 2,
+   "segment": 9,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r8",
+     "id": "r29",
      "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357],
-     "max_tokens": 4,
+     "max_tokens": 5,
      "stop_ids": [],
      "identity": {
       "revision": "a",
@@ -395,10 +525,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [311, 456, 300, 311],
+      "output": [311, 456, 300, 311, 475],
       "finish_reason": "length",
-      "margins": [6.852106807505929, 0.8062777822463456, 0.14989507466845176, 4.36823107440795],
-      "runner_up": [519, 277, 360, 65]
+      "margins": [6.852106807505928, 0.8062777822463456, 0.14989507466844998, 4.3682310744079516, 2.8214174779623846],
+      "runner_up": [519, 277, 360, 65, 413]
      }
     }
    ]
@@ -406,15 +536,15 @@ PLAN = load_plan(r'''
   {
    "step": "batch",
    "index": 1,
-   "epoch": 1,
-   "segment": 0,
+   "epoch": 2,
+   "segment": 9,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r9",
+     "id": "r30",
      "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16, 475, 264],
-     "max_tokens": 3,
+     "max_tokens": 4,
      "stop_ids": [],
      "identity": {
       "revision": "a",
@@ -425,7 +555,7 @@ PLAN = load_plan(r'''
      "expected": {
       "output": [345, 201, 2],
       "finish_reason": "eos",
-      "margins": [1.3774342632448349, 1.0171370294979543, 0.31373394636692],
+      "margins": [1.377434263244833, 1.0171370294979543, 0.3137339463669182],
       "runner_up": [10, 274, 201]
      }
     }

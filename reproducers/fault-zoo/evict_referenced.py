@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/evict_referenced.json`.
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "evict_referenced"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. batch 0: r6: 20-token prompt, max_tokens 2 -> expected [17, 21]; r7: 16-token prompt, max_tokens 1, salt rot13 -> expected [16]; r8: 21-token prompt, max_tokens 3, salt tenant-a -> expected [55, 48, 38]
+  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  2. batch 0: r13: 23-token prompt, max_tokens 10, stop [36] -> expected [11, 265, 317, 223, 42, 71, 267, 71, 366, 297]; r14: 29-token prompt, max_tokens 10, stop [36] -> expected [90, 71, 69, 69, 87, 293, 382, 10, 72, 4]
 
 Run:  python reproducers/fault-zoo/evict_referenced.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -381,8 +381,8 @@ PLAN = load_plan(r'''
     "block_size": 16,
     "num_blocks": 4,
     "enable_prefix_cache": true,
-    "drafter": "none",
-    "k": 3,
+    "drafter": "ngram",
+    "k": 5,
     "chunk_size": null,
     "token_budget": 4096,
     "max_batch": 64
@@ -397,10 +397,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r6",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38],
-     "max_tokens": 2,
-     "stop_ids": [],
+     "id": "r13",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13],
+     "max_tokens": 10,
+     "stop_ids": [36],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -408,46 +408,28 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [17, 21],
+      "output": [11, 265, 317, 223, 42, 71, 267, 71, 366, 297],
       "finish_reason": "length",
-      "margins": [0.0027602154244537047, 0.49552337510930844],
-      "runner_up": [11, 20]
+      "margins": [0.5424217725644969, 0.2099971919683732, 0.26324698514776834, 0.6294689493442487, 0.8347535553084393, 0.7841672262357537, 0.1718800974341521, 1.3627858101577495, 0.323324023123968, 0.0044084006330384895],
+      "runner_up": [351, 12, 305, 481, 483, 576, 408, 668, 16, 223]
      }
     },
     {
-     "id": "r7",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 1,
-     "stop_ids": [],
+     "id": "r14",
+     "prompt": [10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26, 31, 24, 43, 44, 17, 39, 34, 32, 37, 20, 7, 39],
+     "max_tokens": 10,
+     "stop_ids": [36],
      "identity": {
       "revision": "a",
       "adapter": null,
       "adapter_digest": null,
-      "salt": "rot13"
+      "salt": null
      },
      "expected": {
-      "output": [16],
+      "output": [90, 71, 69, 69, 87, 293, 382, 10, 72, 4],
       "finish_reason": "length",
-      "margins": [1.0739155913357141],
-      "runner_up": [17]
-     }
-    },
-    {
-     "id": "r8",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49],
-     "max_tokens": 3,
-     "stop_ids": [],
-     "identity": {
-      "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": "tenant-a"
-     },
-     "expected": {
-      "output": [55, 48, 38],
-      "finish_reason": "length",
-      "margins": [0.5448943313209886, 0.5812355341538771, 2.1877057793008188],
-      "runner_up": [50, 746, 43]
+      "margins": [0.2883361002180944, 2.2720392677297054, 1.1513040749897723, 0.37360011935259063, 0.07509836562585726, 0.8164140906523745, 1.0420438272372428, 1.8751388255914314, 1.118369656444699, 0.4819747758375925],
+      "runner_up": [15, 314, 62, 462, 462, 547, 16, 11, 85, 9]
      }
     }
    ]

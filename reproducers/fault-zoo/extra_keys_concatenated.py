@@ -5,8 +5,9 @@ Exported by `kvparity export reports/fault-zoo/witnesses/extra_keys_concatenated
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "extra_keys_concatenated"}. Steps (from a cold cache):
-  1. batch 0: r0: 16-token prompt, max_tokens 1, stop [4], salt rot13 -> expected [16]
-  2. batch 1: r1: 17-token prompt, max_tokens 1, stop [4], adapter rot13 -> expected [10]
+  1. configure block_size=4, num_blocks=1024, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=4096, max_batch=64
+  2. batch 0: r6: 4-token prompt, max_tokens 1, stop [4, 4], adapter rot13, salt rot13 -> expected [32]
+  3. batch 1: r10: 5-token prompt, max_tokens 1, stop [4, 4], adapter rot13, salt rot13 -> expected [55]
 
 Run:  python reproducers/fault-zoo/extra_keys_concatenated.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -376,29 +377,42 @@ PLAN = load_plan(r'''
  },
  "steps": [
   {
+   "step": "configure",
+   "config": {
+    "block_size": 4,
+    "num_blocks": 1024,
+    "enable_prefix_cache": true,
+    "drafter": "none",
+    "k": 3,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
    "step": "batch",
    "index": 0,
    "epoch": 1,
-   "segment": 0,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r0",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "id": "r6",
+     "prompt": [28, 30, 6, 20],
      "max_tokens": 1,
-     "stop_ids": [4],
+     "stop_ids": [4, 4],
      "identity": {
       "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
+      "adapter": "rot13",
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
       "salt": "rot13"
      },
      "expected": {
-      "output": [16],
+      "output": [32],
       "finish_reason": "length",
-      "margins": [1.0739155913357141],
-      "runner_up": [17]
+      "margins": [1.1508637280748246],
+      "runner_up": [28]
      }
     }
    ]
@@ -407,26 +421,26 @@ PLAN = load_plan(r'''
    "step": "batch",
    "index": 1,
    "epoch": 1,
-   "segment": 0,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r1",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
+     "id": "r10",
+     "prompt": [28, 30, 6, 20, 36],
      "max_tokens": 1,
-     "stop_ids": [4],
+     "stop_ids": [4, 4],
      "identity": {
       "revision": "a",
       "adapter": "rot13",
-      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
-      "salt": null
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "salt": "rot13"
      },
      "expected": {
-      "output": [10],
+      "output": [55],
       "finish_reason": "length",
-      "margins": [0.10687132711250324],
-      "runner_up": [18]
+      "margins": [0.45209688636220235],
+      "runner_up": [36]
      }
     }
    ]

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/identity_joined_with_se
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "identity_joined_with_separator"}. Steps (from a cold cache):
-  1. batch 0: r0: 16-token prompt, max_tokens 1, stop [4], salt rot13 -> expected [16]
-  2. batch 1: r1: 17-token prompt, max_tokens 1, stop [4], adapter rot13 -> expected [10]
+  1. batch 0: r2: 16-token prompt, max_tokens 2, salt rot13 -> expected [16, 12]
+  2. batch 1: r9: 17-token prompt, max_tokens 1, adapter rot13 -> expected [12]
 
 Run:  python reproducers/fault-zoo/identity_joined_with_separator.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,10 +384,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r0",
+     "id": "r2",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 1,
-     "stop_ids": [4],
+     "max_tokens": 2,
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -395,10 +395,10 @@ PLAN = load_plan(r'''
       "salt": "rot13"
      },
      "expected": {
-      "output": [16],
+      "output": [16, 12],
       "finish_reason": "length",
-      "margins": [1.0739155913357141],
-      "runner_up": [17]
+      "margins": [1.0739155913357141, 1.541814998147652],
+      "runner_up": [17, 19]
      }
     }
    ]
@@ -412,20 +412,20 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r1",
+     "id": "r9",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
-     "stop_ids": [4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": "rot13",
-      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
       "salt": null
      },
      "expected": {
-      "output": [10],
+      "output": [12],
       "finish_reason": "length",
-      "margins": [0.10687132711250324],
+      "margins": [0.3113587946677434],
       "runner_up": [18]
      }
     }

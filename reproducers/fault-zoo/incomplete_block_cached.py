@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Standalone reproducer: kvparity witness incomplete_block_cached.json (rollback_hygiene) on reference.
+"""Standalone reproducer: kvparity witness incomplete_block_cached.json (parity) on reference.
 
 Exported by `kvparity export reports/fault-zoo/witnesses/incomplete_block_cached.json`. It does not import kvparity: it needs
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "incomplete_block_cached"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. batch 0: r2: 1-token prompt, max_tokens 15, stop [4] -> expected [281, 14, 286, 308, 265, 354, 610, 297, 307, 313, 457, 270, 307, 642, 285]
+  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=24, max_batch=64
+  2. batch 0: r7: 16-token prompt, max_tokens 3, revision b -> expected [1005, 274, 648]; r8: 1-token prompt, max_tokens 14, salt tenant-a -> expected [287, 294, 16, 671, 10, 281, 16, 671, 10, 281, 16, 671, 10, 281]; r10: 17-token prompt, max_tokens 1 -> expected [33]
 
 Run:  python reproducers/fault-zoo/incomplete_block_cached.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -354,14 +354,14 @@ class Driver:
 PLAN = load_plan(r'''
 {
  "format": 1,
- "description": "Standalone reproducer of kvparity witness incomplete_block_cached.json (rollback_hygiene) on reference.",
+ "description": "Standalone reproducer of kvparity witness incomplete_block_cached.json (parity) on reference.",
  "witness": {
   "file": "incomplete_block_cached.json",
   "engine": "reference",
   "engine_args": {
    "fault": "incomplete_block_cached"
   },
-  "check": "rollback_hygiene",
+  "check": "parity",
   "case_id": null,
   "title": null
  },
@@ -379,12 +379,12 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 256,
+    "num_blocks": 4,
     "enable_prefix_cache": true,
-    "drafter": "oracle",
+    "drafter": "none",
     "k": 3,
     "chunk_size": null,
-    "token_budget": 4096,
+    "token_budget": 24,
     "max_batch": 64
    }
   },
@@ -397,10 +397,46 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r2",
-     "prompt": [10],
-     "max_tokens": 15,
-     "stop_ids": [4],
+     "id": "r7",
+     "prompt": [12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39],
+     "max_tokens": 3,
+     "stop_ids": [],
+     "identity": {
+      "revision": "b",
+      "adapter": null,
+      "adapter_digest": null,
+      "salt": null
+     },
+     "expected": {
+      "output": [1005, 274, 648],
+      "finish_reason": "length",
+      "margins": [0.5445943242814337, 1.7644462971493322, 0.4617702406448574],
+      "runner_up": [53, 201, 317]
+     }
+    },
+    {
+     "id": "r8",
+     "prompt": [28],
+     "max_tokens": 14,
+     "stop_ids": [],
+     "identity": {
+      "revision": "a",
+      "adapter": null,
+      "adapter_digest": null,
+      "salt": "tenant-a"
+     },
+     "expected": {
+      "output": [287, 294, 16, 671, 10, 281, 16, 671, 10, 281, 16, 671, 10, 281],
+      "finish_reason": "length",
+      "margins": [0.8197720979220584, 0.05836458903344166, 0.09188565452658892, 0.17986595927801652, 1.228274735119319, 1.0052632571641817, 0.45076340989990626, 0.5190343098739021, 1.5213752062846062, 2.5391889704706676, 1.0613520723339374, 0.1962270142126341, 0.19868862657387965, 2.8783967249077413],
+      "runner_up": [265, 305, 330, 276, 473, 72, 330, 470, 473, 708, 330, 470, 65, 708]
+     }
+    },
+    {
+     "id": "r10",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
+     "max_tokens": 1,
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -408,10 +444,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [281, 14, 286, 308, 265, 354, 610, 297, 307, 313, 457, 270, 307, 642, 285],
+      "output": [33],
       "finish_reason": "length",
-      "margins": [1.2722503745976752, 0.866502171944342, 0.5550809761640485, 0.1654875915026892, 4.6537415513545835, 1.9230394841777496, 0.5811219161369952, 0.11486331188556953, 0.6206541846945957, 0.43786862038664687, 1.237394983976424, 0.878741712426022, 0.6360822679966738, 0.11036790329235746, 0.9285557433428782],
-      "runner_up": [12, 308, 309, 988, 287, 305, 265, 686, 910, 91, 309, 297, 223, 306, 370]
+      "margins": [0.42379215661119574],
+      "runner_up": [12]
      }
     }
    ]

@@ -1,18 +1,12 @@
 #!/usr/bin/env python3
-"""Standalone reproducer: kvparity witness length_checked_before_stop.json (accounting) on reference.
+"""Standalone reproducer: kvparity witness length_checked_before_stop.json (parity) on reference.
 
 Exported by `kvparity export reports/fault-zoo/witnesses/length_checked_before_stop.json`. It does not import kvparity: it needs
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "length_checked_before_stop"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=adversarial, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  2. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  3. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=ngram, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  4. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  5. batch 0: r14: 29-token prompt, max_tokens 4 -> expected [345, 201, 2]
-  6. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  7. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=draft, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  8. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
+  2. batch 0: r7: 29-token prompt, max_tokens 3 -> expected [345, 201, 2]
 
 Run:  python reproducers/fault-zoo/length_checked_before_stop.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -360,14 +354,14 @@ class Driver:
 PLAN = load_plan(r'''
 {
  "format": 1,
- "description": "Standalone reproducer of kvparity witness length_checked_before_stop.json (accounting) on reference.",
+ "description": "Standalone reproducer of kvparity witness length_checked_before_stop.json (parity) on reference.",
  "witness": {
   "file": "length_checked_before_stop.json",
   "engine": "reference",
   "engine_args": {
    "fault": "length_checked_before_stop"
   },
-  "check": "accounting",
+  "check": "parity",
   "case_id": null,
   "title": null
  },
@@ -385,49 +379,10 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 4,
-    "enable_prefix_cache": true,
-    "drafter": "adversarial",
-    "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 4,
-    "enable_prefix_cache": true,
-    "drafter": "draft",
-    "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 4,
-    "enable_prefix_cache": true,
-    "drafter": "ngram",
-    "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 4,
+    "num_blocks": 256,
     "enable_prefix_cache": true,
     "drafter": "oracle",
-    "k": 5,
+    "k": 3,
     "chunk_size": null,
     "token_budget": 4096,
     "max_batch": 64
@@ -437,14 +392,14 @@ PLAN = load_plan(r'''
    "step": "batch",
    "index": 0,
    "epoch": 1,
-   "segment": 4,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r14",
+     "id": "r7",
      "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16, 475, 264],
-     "max_tokens": 4,
+     "max_tokens": 3,
      "stop_ids": [],
      "identity": {
       "revision": "a",
@@ -455,50 +410,11 @@ PLAN = load_plan(r'''
      "expected": {
       "output": [345, 201, 2],
       "finish_reason": "eos",
-      "margins": [1.3774342632448349, 1.0171370294979543, 0.31373394636692],
+      "margins": [1.377434263244833, 1.0171370294979543, 0.3137339463669182],
       "runner_up": [10, 274, 201]
      }
     }
    ]
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 4,
-    "enable_prefix_cache": true,
-    "drafter": "adversarial",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 4,
-    "enable_prefix_cache": true,
-    "drafter": "draft",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 4,
-    "enable_prefix_cache": true,
-    "drafter": "ngram",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
   }
  ],
  "engine": {

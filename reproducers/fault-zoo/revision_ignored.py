@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/revision_ignored.json`.
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "revision_ignored"}. Steps (from a cold cache):
-  1. batch 0: r1: 16-token prompt, max_tokens 1, revision b, adapter upper, salt rot13 -> expected [4]
-  2. batch 1: r4: 17-token prompt, max_tokens 1, adapter upper, salt rot13 -> expected [223]
+  1. batch 0: r3: 16-token prompt, max_tokens 1 -> expected [16]
+  2. batch 1: r4: 17-token prompt, max_tokens 1, revision b -> expected [20]
 
 Run:  python reproducers/fault-zoo/revision_ignored.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,21 +384,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r1",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22],
+     "id": "r3",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
-      "revision": "b",
-      "adapter": "upper",
-      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
-      "salt": "rot13"
+      "revision": "a",
+      "adapter": null,
+      "adapter_digest": null,
+      "salt": null
      },
      "expected": {
-      "output": [4],
+      "output": [16],
       "finish_reason": "length",
-      "margins": [0.5083549109854291],
-      "runner_up": [11]
+      "margins": [1.0739155913357141],
+      "runner_up": [17]
      }
     }
    ]
@@ -413,20 +413,20 @@ PLAN = load_plan(r'''
    "requests": [
     {
      "id": "r4",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
-      "revision": "a",
-      "adapter": "upper",
-      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
-      "salt": "rot13"
+      "revision": "b",
+      "adapter": null,
+      "adapter_digest": null,
+      "salt": null
      },
      "expected": {
-      "output": [223],
+      "output": [20],
       "finish_reason": "length",
-      "margins": [0.03592937685458075],
-      "runner_up": [21]
+      "margins": [0.24101784133358528],
+      "runner_up": [19]
      }
     }
    ]

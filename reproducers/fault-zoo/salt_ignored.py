@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/salt_ignored.json`. It 
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "salt_ignored"}. Steps (from a cold cache):
-  1. batch 0: r0: 16-token prompt, max_tokens 1 -> expected [16]
-  2. batch 1: r1: 17-token prompt, max_tokens 1, salt tenant-a -> expected [16]
+  1. batch 0: r0: 16-token prompt, max_tokens 1, stop [4] -> expected [16]
+  2. batch 1: r1: 17-token prompt, max_tokens 1, salt tenant-a -> expected [33]
 
 Run:  python reproducers/fault-zoo/salt_ignored.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -385,9 +385,9 @@ PLAN = load_plan(r'''
    "requests": [
     {
      "id": "r0",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22],
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
      "max_tokens": 1,
-     "stop_ids": [],
+     "stop_ids": [4],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -397,8 +397,8 @@ PLAN = load_plan(r'''
      "expected": {
       "output": [16],
       "finish_reason": "length",
-      "margins": [0.24521566666702022],
-      "runner_up": [15]
+      "margins": [1.0739155913357141],
+      "runner_up": [17]
      }
     }
    ]
@@ -413,7 +413,7 @@ PLAN = load_plan(r'''
    "requests": [
     {
      "id": "r1",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
@@ -423,10 +423,10 @@ PLAN = load_plan(r'''
       "salt": "tenant-a"
      },
      "expected": {
-      "output": [16],
+      "output": [33],
       "finish_reason": "length",
-      "margins": [1.2402704729328358],
-      "runner_up": [17]
+      "margins": [0.42379215661119574],
+      "runner_up": [12]
      }
     }
    ]

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/scheduled_blocks_cached
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "scheduled_blocks_cached"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=3, chunk_size=13, token_budget=4096, max_batch=64
-  2. batch 0: r4: 16-token prompt, max_tokens 3 -> expected [16, 12, 11]; r5: 20-token prompt, max_tokens 1 -> expected [17]
+  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=24, max_batch=64
+  2. batch 0: r7: 33-token prompt, max_tokens 2, revision b, salt tenant-a -> expected [11, 615]; r8: 17-token prompt, max_tokens 2, adapter rot13, salt rot13 -> expected [12, 11]
 
 Run:  python reproducers/fault-zoo/scheduled_blocks_cached.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -383,8 +383,8 @@ PLAN = load_plan(r'''
     "enable_prefix_cache": true,
     "drafter": "none",
     "k": 3,
-    "chunk_size": 13,
-    "token_budget": 4096,
+    "chunk_size": null,
+    "token_budget": 24,
     "max_batch": 64
    }
   },
@@ -397,39 +397,39 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r4",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 3,
+     "id": "r7",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26],
+     "max_tokens": 2,
      "stop_ids": [],
      "identity": {
-      "revision": "a",
+      "revision": "b",
       "adapter": null,
       "adapter_digest": null,
-      "salt": null
+      "salt": "tenant-a"
      },
      "expected": {
-      "output": [16, 12, 11],
+      "output": [11, 615],
       "finish_reason": "length",
-      "margins": [1.0739155913357141, 1.5418149981476539, 0.05666650627249048],
-      "runner_up": [17, 19, 16]
+      "margins": [0.10644303447856096, 0.3168964277587438],
+      "runner_up": [454, 287]
      }
     },
     {
-     "id": "r5",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38],
-     "max_tokens": 1,
+     "id": "r8",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
+     "max_tokens": 2,
      "stop_ids": [],
      "identity": {
       "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": null
+      "adapter": "rot13",
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "salt": "rot13"
      },
      "expected": {
-      "output": [17],
+      "output": [12, 11],
       "finish_reason": "length",
-      "margins": [0.0027602154244537047],
-      "runner_up": [11]
+      "margins": [0.3113587946677434, 0.9028861275323941],
+      "runner_up": [18, 15]
      }
     }
    ]

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/text_keyed_blocks.json`
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "text_keyed_blocks"}. Steps (from a cold cache):
-  1. batch 0: r15: 16-token prompt, max_tokens 1 -> expected [287]
-  2. batch 1: r16: 17-token prompt, max_tokens 1 -> expected [287]
+  1. batch 0: r4: 16-token prompt, max_tokens 1 -> expected [287]
+  2. batch 1: r5: 17-token prompt, max_tokens 1 -> expected [287]
 
 Run:  python reproducers/fault-zoo/text_keyed_blocks.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,7 +384,7 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r15",
+     "id": "r4",
      "prompt": [263, 85, 71, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28],
      "max_tokens": 1,
      "stop_ids": [],
@@ -412,7 +412,7 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r16",
+     "id": "r5",
      "prompt": [85, 71, 263, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28],
      "max_tokens": 1,
      "stop_ids": [],
@@ -425,7 +425,7 @@ PLAN = load_plan(r'''
      "expected": {
       "output": [287],
       "finish_reason": "length",
-      "margins": [0.62333029146086],
+      "margins": [0.6233302914608627],
       "runner_up": [265]
      }
     }

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Standalone reproducer: kvparity witness unchained_block_keys.json (history_independence) on reference.
+"""Standalone reproducer: kvparity witness unchained_block_keys.json (isolation) on reference.
 
 Exported by `kvparity export reports/fault-zoo/witnesses/unchained_block_keys.json`. It does not import kvparity: it needs
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "unchained_block_keys"}. Steps (from a cold cache):
-  1. batch 0: r3: 32-token prompt, max_tokens 1, stop [4] -> expected [308]
-  2. batch 1: r4: 17-token prompt, max_tokens 1, stop [4] -> expected [349]
+  1. configure block_size=4, num_blocks=1024, enable_prefix_cache=True, drafter=draft, k=3, chunk_size=16, token_budget=4096, max_batch=64
+  2. batch 0: r0: 8-token prompt, max_tokens 1, stop [4, 4] -> expected [11]
+  3. batch 1: r1: 5-token prompt, max_tokens 2, stop [4, 4] -> expected [85, 91]
 
 Run:  python reproducers/fault-zoo/unchained_block_keys.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -354,14 +355,14 @@ class Driver:
 PLAN = load_plan(r'''
 {
  "format": 1,
- "description": "Standalone reproducer of kvparity witness unchained_block_keys.json (history_independence) on reference.",
+ "description": "Standalone reproducer of kvparity witness unchained_block_keys.json (isolation) on reference.",
  "witness": {
   "file": "unchained_block_keys.json",
   "engine": "reference",
   "engine_args": {
    "fault": "unchained_block_keys"
   },
-  "check": "history_independence",
+  "check": "isolation",
   "case_id": null,
   "title": null
  },
@@ -376,18 +377,31 @@ PLAN = load_plan(r'''
  },
  "steps": [
   {
+   "step": "configure",
+   "config": {
+    "block_size": 4,
+    "num_blocks": 1024,
+    "enable_prefix_cache": true,
+    "drafter": "draft",
+    "k": 3,
+    "chunk_size": 16,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
    "step": "batch",
    "index": 0,
    "epoch": 1,
-   "segment": 0,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r3",
-     "prompt": [12, 40, 8, 20, 11, 35, 32, 34, 45, 28, 17, 10, 35, 5, 28, 31, 42, 4, 48, 32, 21, 50, 18, 41, 10, 24, 5, 5, 5, 45, 38, 4],
+     "id": "r0",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23],
      "max_tokens": 1,
-     "stop_ids": [4],
+     "stop_ids": [4, 4],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -395,10 +409,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [308],
+      "output": [11],
       "finish_reason": "length",
-      "margins": [0.46708438744866587],
-      "runner_up": [454]
+      "margins": [0.01095224127232175],
+      "runner_up": [24]
      }
     }
    ]
@@ -407,15 +421,15 @@ PLAN = load_plan(r'''
    "step": "batch",
    "index": 1,
    "epoch": 1,
-   "segment": 0,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r4",
-     "prompt": [42, 4, 48, 32, 21, 50, 18, 41, 10, 24, 5, 5, 5, 45, 38, 4, 28],
-     "max_tokens": 1,
-     "stop_ids": [4],
+     "id": "r1",
+     "prompt": [36, 35, 29, 23, 34],
+     "max_tokens": 2,
+     "stop_ids": [4, 4],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -423,10 +437,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [349],
+      "output": [85, 91],
       "finish_reason": "length",
-      "margins": [0.41260837446019316],
-      "runner_up": [17]
+      "margins": [0.24430728946925306, 2.380365153261123],
+      "runner_up": [69, 87]
      }
     }
    ]

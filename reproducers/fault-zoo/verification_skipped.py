@@ -6,7 +6,7 @@ the reference engine: the `reference_engine` package with its checkpoints (from 
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "verification_skipped"}. Steps (from a cold cache):
   1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. batch 0: r1: 1-token prompt, max_tokens 2, stop [4] -> expected [287, 294]
+  2. batch 0: r2: 1-token prompt, max_tokens 3 -> expected [305, 294, 16]
 
 Run:  python reproducers/fault-zoo/verification_skipped.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -397,10 +397,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r1",
-     "prompt": [28],
-     "max_tokens": 2,
-     "stop_ids": [4],
+     "id": "r2",
+     "prompt": [287],
+     "max_tokens": 3,
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -408,10 +408,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [287, 294],
+      "output": [305, 294, 16],
       "finish_reason": "length",
-      "margins": [0.8197720979220584, 0.05836458903344166],
-      "runner_up": [265, 305]
+      "margins": [0.3820898120922891, 0.482157690839232, 0.06364503359436569],
+      "runner_up": [294, 371, 330]
      }
     }
    ]
