@@ -1,4 +1,5 @@
-"""Strategies keep every request within the context its configuration holds (`context_limits`)."""
+"""Strategies keep every request within the context its configuration holds (`context_limits`), and the
+steering tails send what they promise (each shown on the simplest draw, and able to fail)."""
 
 from __future__ import annotations
 
@@ -85,3 +86,55 @@ def test_speculation_sweep_puts_every_knob_at_each_value_past_its_first():
     assert all(c["k"] == 5 and c["block_size"] == 4 for c in sweep)  # `fixed` on top, the rest kept
     assert {c["k"] for c in speculation_sweep(s, {})} == {1, 5}
     assert speculation_sweep(SimpleNamespace(caps=s.caps, spec=[], current={}), {}) == []
+
+
+def _drawn(build):
+    """The steps `build(stream)` appends on the simplest draw (Hypothesis' first example)."""
+    from hypothesis import strategies as st
+
+    from conformance.strategies import Stream
+
+    @st.composite
+    def steps(draw):
+        s = Stream(draw, FULL)
+        build(s)
+        return s.steps
+    return find(steps(), lambda _: True, settings=settings(database=None))
+
+
+def test_the_cross_identity_tail_sends_one_prompt_under_every_identity_one_input_away():
+    from conformance.contract import Identity, Request
+    from conformance.strategies import _cross_identity_tail, identity_distance
+
+    victim = Identity("a", "x", "d1", "tenant-a")
+
+    def build(s):
+        s.add_batch((Request("v", tuple(range(5, 45)), 2, (), victim),))
+        _cross_identity_tail(s)
+
+    batches = [b.items for b in _drawn(build) if isinstance(b, Batch)][1:]
+    assert [q.prompt for b in batches for q in b] == [tuple(range(5, 22))] * len([q for b in batches for q in b])
+    assert [q.identity for q in batches[0]] == [victim]  # again as it was: a hit, a count
+    changed = [next(k for k in ("revision", "adapter", "salt") if getattr(q.identity, k) != getattr(victim, k))
+               for q in batches[1]]
+    assert sorted(changed) == ["adapter", "revision", "salt"]
+    assert all(identity_distance(q.identity, victim) == 1 for q in batches[1])
+    (reload,), = batches[2:]  # alone in its batch: same name, other weights
+    assert reload.identity.adapter == "x" and reload.identity.adapter_digest == "d2"
+
+
+def test_the_near_tie_tail_sends_every_tie_cold_then_warm_under_a_block_size_that_can_hit():
+    from conformance.strategies import _near_ties_tail
+
+    ties = (NearTie("a", tuple(range(5, 29))), NearTie("a", tuple(range(30, 54))))
+
+    def build(s):
+        s.caps = evolve(s.caps, landmarks=Landmarks(near_ties=ties))
+        s.assume({"pool_tokens": 4096, "block_size": 32})  # a 24-token prompt is never a hit in 32-token blocks
+        _near_ties_tail(s)
+
+    steps = _drawn(build)
+    assert isinstance(steps[0], Configure) and steps[0].config["block_size"] == 16
+    cold, warm = (b.items for b in steps[1:])
+    assert [q.prompt for q in cold] == [q.prompt for q in warm] == [t.prompt for t in ties]
+    assert [q.identity for q in cold] == [q.identity for q in warm]
