@@ -72,7 +72,11 @@ KNOB_ROLES = {"block_size": "cache", "pool_tokens": "cache", "drafter": "specula
 # (`shared_registry`), so an in-place reload in one adapter never leaks into another.
 @functools.cache
 def shared_weights() -> Weights:
-    """The process's loaded models (float64, the engine's dtype), loaded on first use."""
+    """The process's loaded models (float64, the engine's dtype), loaded on first use. Also sets the
+    process to one torch thread, once: the shipped models' matrices are 128 x 384, and an intra-op
+    thread pool's wake-ups cost more than splitting them saves (the CI profile on 2 cores: 88 s with
+    torch's default of 2 threads, 71 s with one). This adapter serves only the shipped models."""
+    torch.set_num_threads(1)
     return Weights(torch.float64)
 
 
@@ -117,10 +121,6 @@ class ReferenceAdapter:
         self.defaults = {**DEFAULTS, **{k: str(v) for k, v in knobs.items()}}
         engine_config(self.defaults)  # validate now: bad engine arguments are a usage error
         self.registry = shared_registry()
-        # The shipped models' matrices are 128 x 384: an intra-op thread pool's wake-ups cost more than
-        # splitting them saves (the CI profile on 2 cores: 88 s with torch's default of 2 threads, 71 s
-        # with one). Process-wide, and this adapter serves only the shipped models.
-        torch.set_num_threads(1)
         self.engine: Engine | None = None
         self.configure({})
 
@@ -164,9 +164,8 @@ class ReferenceAdapter:
     def baseline(self, request: Request) -> Baseline:
         """Plain greedy decoding on the very same float64 weights the engine uses."""
         try:
-            identity = self._identity(request.identity)
-            g = greedy(self.registry.model(identity), request.prompt, request.max_tokens, request.stop_ids,
-                       run=self.registry.greedy_run(identity, request.prompt))
+            run = self.registry.greedy_run(self._identity(request.identity), request.prompt)
+            g = greedy(run.model, request.prompt, request.max_tokens, request.stop_ids, run=run)
         except ReferenceEngineError as e:
             raise UsageError(f"request {request.id}: {e}") from e
         return Baseline(g.output, g.finish_reason, g.margins, g.runner_up, g.contenders)

@@ -90,7 +90,7 @@ class GreedyRuns:
 
     def run(self, weights_key: tuple, model: Llama, prompt) -> GreedyRun:
         key = (weights_key, tuple(int(t) for t in prompt))
-        run = self.runs.pop(key, None) or GreedyRun(model, prompt)
+        run = self.runs.pop(key, None) or GreedyRun(model, key[1])
         self.runs[key] = run
         while len(self.runs) > self.capacity:
             self.runs.popitem(last=False)

@@ -136,7 +136,7 @@ class OracleDrafter(Drafter):
 
     def propose(self, seq: Sequence, k: int) -> list[int]:
         run = self.registry.greedy_run(seq.identity, seq.prompt)
-        room = self.registry.model(seq.identity).config.max_position_embeddings - len(seq.prompt)
+        room = run.model.config.max_position_embeddings - len(seq.prompt)
         produced = len(seq.output)
         return [run.step(i)[0] for i in range(produced, min(produced + k, room))]
 
