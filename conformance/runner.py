@@ -51,7 +51,7 @@ settings.register_profile("kvparity-ci", parent=settings.get_profile("default"),
                           print_blob=True)
 settings.register_profile("kvparity-nightly", parent=settings.get_profile("default"), max_examples=1000,
                           deadline=None, suppress_health_check=_QUIET, phases=_PHASES, print_blob=True)
-PROFILES = {"dev": 4, "ci": 6, "nightly": 8}  # profile -> max steps per scenario
+PROFILES = {"dev": 4, "ci": 5, "nightly": 8}  # profile -> max steps per scenario
 
 
 def profile_settings(profile: str) -> settings:

@@ -230,9 +230,25 @@ def _inv_freq(head_dim: int, theta: float, scaling: tuple[tuple[str, Any], ...] 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float,
                 dtype: torch.dtype, scaling: tuple[tuple[str, Any], ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, 1, D] of rotate-half RoPE (the HF Llama convention) at `positions`. Computed once
-    per forward and shared by every layer's q and k."""
-    angles = positions.to(torch.float64)[:, None] * _inv_freq(head_dim, theta, scaling)[None, :]  # [T, D/2]
+    """cos, sin [T, 1, D] of rotate-half RoPE (the HF Llama convention) at `positions`, read from a
+    table of every position: one lookup per forward, shared by every layer's q and k. A table, not a
+    computation per forward, also gives a position the same rotation bit for bit in any forward
+    (a vectorised cos over 17 positions and over one need not agree in the last bit)."""
+    length = _ROPE_TABLE_MIN
+    top = int(positions.max()) + 1 if positions.numel() else 0
+    while length < top:
+        length *= 2
+    cos, sin = _rope_table(head_dim, theta, scaling, dtype, length)
+    return cos[positions], sin[positions]
+
+
+_ROPE_TABLE_MIN = 1024  # positions per table at least; a longer context doubles it
+
+
+@functools.lru_cache(maxsize=None)
+def _rope_table(head_dim: int, theta: float, scaling: tuple[tuple[str, Any], ...], dtype: torch.dtype,
+                length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * _inv_freq(head_dim, theta, scaling)[None, :]
     cos, sin = angles.cos(), angles.sin()  # each frequency once; rotate-half uses it twice
     return torch.cat([cos, cos], dim=-1).to(dtype)[:, None, :], torch.cat([sin, sin], dim=-1).to(dtype)[:, None, :]
 

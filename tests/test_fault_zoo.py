@@ -14,6 +14,7 @@ from adapters.commands.fault_zoo import (DEFAULT_OUT, FaultSummary, ZooRow, ZooR
 from conformance import cli
 from conformance.cli import replay_case
 from conformance.contract import UsageError
+from conformance.runner import PROFILES
 from reference_engine.block_pool import BlockPool
 from reference_engine.engine import Engine
 from reference_engine.faults import FAULTS, COMPONENTS, build_engine
@@ -209,7 +210,8 @@ def test_report_claims_the_control_passed_only_when_it_ran():
 
 
 def test_report_gives_the_example_cap_that_was_used_not_the_profiles():
-    assert "100 examples max, 6 steps per scenario; seeds: 5 seeds (0, 1, 2, 3, 4)" in render(ROWS, CONTROL, CI_RUN)
+    steps = PROFILES["ci"]
+    assert f"100 examples max, {steps} steps per scenario; seeds: 5 seeds (0, 1, 2, 3, 4)" in render(ROWS, CONTROL, CI_RUN)
     capped = render(ROWS, None, ZooRun.of("ci", max_examples=20, command="kvparity fault-zoo --max-examples 20"))
     assert "100 examples" not in capped and "20 examples max" in capped
     assert "the `ci` profile with `--max-examples 20`" in capped  # in the header and the catch bar
