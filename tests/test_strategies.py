@@ -138,3 +138,32 @@ def test_the_near_tie_tail_sends_every_tie_cold_then_warm_under_a_block_size_tha
     cold, warm = (b.items for b in steps[1:])
     assert [q.prompt for q in cold] == [q.prompt for q in warm] == [t.prompt for t in ties]
     assert [q.identity for q in cold] == [q.identity for q in warm]
+
+
+def test_a_flood_is_drawn_only_where_it_can_exhaust_the_pool():
+    """In a pool of 64 tokens four long prompts must evict; in one that holds a 1024-token context they
+    cannot, and the flood (the dearest step) would be four long prompts for nothing."""
+    from types import SimpleNamespace
+
+    from conformance.strategies import MAX_NEW, can_flood, max_prompt_len
+
+    def stream(config):
+        return SimpleNamespace(caps=CAPS, current=config, max_batch=4, top=max_prompt_len(CAPS, config))
+
+    assert can_flood(stream({"pool_tokens": 64}))
+    assert not can_flood(stream({"pool_tokens": 4096}))
+    assert 4 * (max_prompt_len(CAPS, {"pool_tokens": 4096}) + MAX_NEW) <= CAPS.max_context
+
+
+def test_the_flush_tail_resets_then_resends_two_blocks_and_a_token_at_most():
+    from conformance.contract import Identity, Request
+    from conformance.strategies import Reset, _flush_tail
+
+    def build(s):
+        s.add_batch((Request("v", tuple(range(5, 105)), 12, (), Identity("a")),))
+        _flush_tail(s)
+
+    steps = _drawn(build)
+    assert isinstance(steps[1], Reset)
+    (again,), = [b.items for b in steps[2:]]
+    assert again.prompt == tuple(range(5, 5 + 33)) and again.max_tokens == 2  # a prefix of the earlier prompt
