@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/adapter_ignored.json`. 
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "adapter_ignored"}. Steps (from a cold cache):
-  1. batch 0: r2: 16-token prompt, max_tokens 2, stop [4] -> expected [16, 18]
-  2. batch 1: r5: 17-token prompt, max_tokens 1, stop [4], adapter rot13 -> expected [223]
+  1. batch 0: r0: 16-token prompt, max_tokens 1 -> expected [16]
+  2. batch 1: r1: 17-token prompt, max_tokens 1, adapter rot13 -> expected [10]
 
 Run:  python reproducers/fault-zoo/adapter_ignored.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,10 +384,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r2",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22],
-     "max_tokens": 2,
-     "stop_ids": [4],
+     "id": "r0",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "max_tokens": 1,
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -395,10 +395,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [16, 18],
+      "output": [16],
       "finish_reason": "length",
-      "margins": [0.24521566666702022, 0.1259513095539173],
-      "runner_up": [15, 19]
+      "margins": [1.0739155913357141],
+      "runner_up": [17]
      }
     }
    ]
@@ -412,10 +412,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r5",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "id": "r1",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
-     "stop_ids": [4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": "rot13",
@@ -423,10 +423,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [223],
+      "output": [10],
       "finish_reason": "length",
-      "margins": [0.03592937685458164],
-      "runner_up": [21]
+      "margins": [0.10687132711249969],
+      "runner_up": [18]
      }
     }
    ]

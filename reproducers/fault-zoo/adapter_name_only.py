@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/adapter_name_only.json`
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "adapter_name_only"}. Steps (from a cold cache):
-  1. batch 0: r6: 16-token prompt, max_tokens 1, adapter rot13 -> expected [24]
-  2. batch 1: r10: 17-token prompt, max_tokens 1, adapter rot13 -> expected [19]
+  1. batch 0: r4: 16-token prompt, max_tokens 1, adapter rot13 -> expected [223]
+  2. batch 1: r8: 17-token prompt, max_tokens 1, adapter rot13 -> expected [12]
 
 Run:  python reproducers/fault-zoo/adapter_name_only.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,8 +384,8 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r6",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22],
+     "id": "r4",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
@@ -395,10 +395,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [24],
+      "output": [223],
       "finish_reason": "length",
-      "margins": [0.08827662523882829],
-      "runner_up": [23]
+      "margins": [0.15583520025054565],
+      "runner_up": [21]
      }
     }
    ]
@@ -412,8 +412,8 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r10",
-     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "id": "r8",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
@@ -423,10 +423,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [19],
+      "output": [12],
       "finish_reason": "length",
-      "margins": [0.1058305134147588],
-      "runner_up": [935]
+      "margins": [0.3113587946677434],
+      "runner_up": [18]
      }
     }
    ]

@@ -5,10 +5,9 @@ Exported by `kvparity export reports/fault-zoo/witnesses/cached_count_stale.json
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "cached_count_stale"}. Steps (from a cold cache):
-  1. batch 0: r0: 16-token prompt, max_tokens 1, stop [4] -> expected [16]
-  2. batch 1: r1: 17-token prompt, max_tokens 1, stop [4] -> expected [33]
-  3. reset (flush the prefix cache)
-  4. batch 2: r2: 17-token prompt, max_tokens 1, stop [4] -> expected [33]
+  1. batch 0: r1: 16-token prompt, max_tokens 2, stop [4] -> expected [16, 12]
+  2. batch 1: r2: 17-token prompt, max_tokens 1, stop [4] -> expected [33]
+  3. batch 2: r5: 17-token prompt, max_tokens 1, stop [4], adapter rot13 -> expected [10]
 
 Run:  python reproducers/fault-zoo/cached_count_stale.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -386,9 +385,9 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r0",
+     "id": "r1",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 1,
+     "max_tokens": 2,
      "stop_ids": [4],
      "identity": {
       "revision": "a",
@@ -397,10 +396,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [16],
+      "output": [16, 12],
       "finish_reason": "length",
-      "margins": [1.0739155913357141],
-      "runner_up": [17]
+      "margins": [1.0739155913357141, 1.541814998147652],
+      "runner_up": [17, 19]
      }
     }
    ]
@@ -409,37 +408,6 @@ PLAN = load_plan(r'''
    "step": "batch",
    "index": 1,
    "epoch": 1,
-   "segment": 0,
-   "hit_floor": 17,
-   "caching_off": false,
-   "requests": [
-    {
-     "id": "r1",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
-     "max_tokens": 1,
-     "stop_ids": [4],
-     "identity": {
-      "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": null
-     },
-     "expected": {
-      "output": [33],
-      "finish_reason": "length",
-      "margins": [0.42379215661119574],
-      "runner_up": [12]
-     }
-    }
-   ]
-  },
-  {
-   "step": "reset"
-  },
-  {
-   "step": "batch",
-   "index": 2,
-   "epoch": 2,
    "segment": 0,
    "hit_floor": 17,
    "caching_off": false,
@@ -460,6 +428,34 @@ PLAN = load_plan(r'''
       "finish_reason": "length",
       "margins": [0.42379215661119574],
       "runner_up": [12]
+     }
+    }
+   ]
+  },
+  {
+   "step": "batch",
+   "index": 2,
+   "epoch": 1,
+   "segment": 0,
+   "hit_floor": 17,
+   "caching_off": false,
+   "requests": [
+    {
+     "id": "r5",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
+     "max_tokens": 1,
+     "stop_ids": [4],
+     "identity": {
+      "revision": "a",
+      "adapter": "rot13",
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "salt": null
+     },
+     "expected": {
+      "output": [10],
+      "finish_reason": "length",
+      "margins": [0.10687132711249969],
+      "runner_up": [18]
      }
     }
    ]

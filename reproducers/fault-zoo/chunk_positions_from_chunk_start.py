@@ -6,7 +6,7 @@ the reference engine: the `reference_engine` package with its checkpoints (from 
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "chunk_positions_from_chunk_start"}. Steps (from a cold cache):
   1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=none, k=3, chunk_size=13, token_budget=4096, max_batch=64
-  2. batch 0: r1: 15-token prompt, max_tokens 2, stop [4] -> expected [16, 12]
+  2. batch 0: r1: 15-token prompt, max_tokens 2 -> expected [16, 12]
 
 Run:  python reproducers/fault-zoo/chunk_positions_from_chunk_start.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -400,7 +400,7 @@ PLAN = load_plan(r'''
      "id": "r1",
      "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12],
      "max_tokens": 2,
-     "stop_ids": [4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,

@@ -6,7 +6,7 @@ the reference engine: the `reference_engine` package with its checkpoints (from 
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "drafts_past_finish"}. Steps (from a cold cache):
   1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. batch 0: r1: 1-token prompt, max_tokens 2 -> expected [287, 294]
+  2. batch 0: r1: 1-token prompt, max_tokens 2, stop [4] -> expected [287, 294]
 
 Run:  python reproducers/fault-zoo/drafts_past_finish.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -400,7 +400,7 @@ PLAN = load_plan(r'''
      "id": "r1",
      "prompt": [28],
      "max_tokens": 2,
-     "stop_ids": [],
+     "stop_ids": [4],
      "identity": {
       "revision": "a",
       "adapter": null,

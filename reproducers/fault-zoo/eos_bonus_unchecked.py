@@ -1,20 +1,12 @@
 #!/usr/bin/env python3
-"""Standalone reproducer: kvparity witness eos_bonus_unchecked.json (accounting) on reference.
+"""Standalone reproducer: kvparity witness eos_bonus_unchecked.json (parity) on reference.
 
 Exported by `kvparity export reports/fault-zoo/witnesses/eos_bonus_unchecked.json`. It does not import kvparity: it needs
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "eos_bonus_unchecked"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  3. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  4. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  5. batch 0: r13: 29-token prompt, max_tokens 4 -> expected [345, 201, 2]
-  6. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  7. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  8. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  9. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  10. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  2. batch 0: r2: 29-token prompt, max_tokens 3 -> expected [345, 201, 2]
 
 Run:  python reproducers/fault-zoo/eos_bonus_unchecked.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -362,14 +354,14 @@ class Driver:
 PLAN = load_plan(r'''
 {
  "format": 1,
- "description": "Standalone reproducer of kvparity witness eos_bonus_unchecked.json (accounting) on reference.",
+ "description": "Standalone reproducer of kvparity witness eos_bonus_unchecked.json (parity) on reference.",
  "witness": {
   "file": "eos_bonus_unchecked.json",
   "engine": "reference",
   "engine_args": {
    "fault": "eos_bonus_unchecked"
   },
-  "check": "accounting",
+  "check": "parity",
   "case_id": null,
   "title": null
  },
@@ -390,45 +382,6 @@ PLAN = load_plan(r'''
     "num_blocks": 256,
     "enable_prefix_cache": true,
     "drafter": "oracle",
-    "k": 3,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "oracle",
-    "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "adversarial",
-    "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "draft",
     "k": 1,
     "chunk_size": null,
     "token_budget": 4096,
@@ -439,14 +392,14 @@ PLAN = load_plan(r'''
    "step": "batch",
    "index": 0,
    "epoch": 1,
-   "segment": 4,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r13",
+     "id": "r2",
      "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16, 475, 264],
-     "max_tokens": 4,
+     "max_tokens": 3,
      "stop_ids": [],
      "identity": {
       "revision": "a",
@@ -462,71 +415,6 @@ PLAN = load_plan(r'''
      }
     }
    ]
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "ngram",
-    "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "oracle",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "adversarial",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "draft",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "ngram",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
   }
  ],
  "engine": {

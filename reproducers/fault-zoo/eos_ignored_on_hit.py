@@ -5,18 +5,16 @@ Exported by `kvparity export reports/fault-zoo/witnesses/eos_ignored_on_hit.json
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "eos_ignored_on_hit"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. reset (flush the prefix cache)
-  3. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  4. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  5. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  6. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  7. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  8. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  9. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  10. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  11. batch 0: r29: 13-token prompt, max_tokens 5 -> expected [311, 456, 300, 311, 475]
-  12. batch 1: r30: 29-token prompt, max_tokens 4 -> expected [345, 201, 2]
+  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  2. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  3. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  4. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  5. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  6. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  7. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  8. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  9. batch 0: r20: 13-token prompt, max_tokens 5 -> expected [311, 456, 300, 311, 475]
+  10. batch 1: r21: 29-token prompt, max_tokens 4 -> expected [345, 201, 2]
 
 Run:  python reproducers/fault-zoo/eos_ignored_on_hit.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -392,22 +390,6 @@ PLAN = load_plan(r'''
     "num_blocks": 256,
     "enable_prefix_cache": true,
     "drafter": "oracle",
-    "k": 3,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "reset"
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "oracle",
     "k": 1,
     "chunk_size": null,
     "token_budget": 4096,
@@ -508,13 +490,13 @@ PLAN = load_plan(r'''
   {
    "step": "batch",
    "index": 0,
-   "epoch": 2,
-   "segment": 9,
+   "epoch": 1,
+   "segment": 8,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r29",
+     "id": "r20",
      "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357],
      "max_tokens": 5,
      "stop_ids": [],
@@ -536,13 +518,13 @@ PLAN = load_plan(r'''
   {
    "step": "batch",
    "index": 1,
-   "epoch": 2,
-   "segment": 9,
+   "epoch": 1,
+   "segment": 8,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r30",
+     "id": "r21",
      "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16, 475, 264],
      "max_tokens": 4,
      "stop_ids": [],

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/evict_referenced.json`.
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "evict_referenced"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  2. batch 0: r13: 23-token prompt, max_tokens 10, stop [36] -> expected [11, 265, 317, 223, 42, 71, 267, 71, 366, 297]; r14: 29-token prompt, max_tokens 10, stop [36] -> expected [90, 71, 69, 69, 87, 293, 382, 10, 72, 4]
+  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=3, chunk_size=13, token_budget=4096, max_batch=64
+  2. batch 0: r5: 27-token prompt, max_tokens 4 -> expected [72, 403, 80, 77]; r6: 30-token prompt, max_tokens 3, adapter rot13 -> expected [20, 23, 24]; r8: 1-token prompt, max_tokens 10 -> expected [281, 14, 286, 308, 265, 354, 610, 297, 307, 313]
 
 Run:  python reproducers/fault-zoo/evict_referenced.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -381,9 +381,9 @@ PLAN = load_plan(r'''
     "block_size": 16,
     "num_blocks": 4,
     "enable_prefix_cache": true,
-    "drafter": "ngram",
-    "k": 5,
-    "chunk_size": null,
+    "drafter": "none",
+    "k": 3,
+    "chunk_size": 13,
     "token_budget": 4096,
     "max_batch": 64
    }
@@ -397,10 +397,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r13",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13],
-     "max_tokens": 10,
-     "stop_ids": [36],
+     "id": "r5",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8],
+     "max_tokens": 4,
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -408,17 +408,35 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [11, 265, 317, 223, 42, 71, 267, 71, 366, 297],
+      "output": [72, 403, 80, 77],
       "finish_reason": "length",
-      "margins": [0.5424217725644969, 0.2099971919683732, 0.26324698514776834, 0.6294689493442487, 0.8347535553084393, 0.7841672262357537, 0.1718800974341521, 1.3627858101577495, 0.323324023123968, 0.0044084006330384895],
-      "runner_up": [351, 12, 305, 481, 483, 576, 408, 668, 16, 223]
+      "margins": [0.0005512193176526736, 0.2910067552687474, 1.9531676372604183, 0.03180362569433015],
+      "runner_up": [80, 71, 79, 11]
      }
     },
     {
-     "id": "r14",
-     "prompt": [10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26, 31, 24, 43, 44, 17, 39, 34, 32, 37, 20, 7, 39],
+     "id": "r6",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34],
+     "max_tokens": 3,
+     "stop_ids": [],
+     "identity": {
+      "revision": "a",
+      "adapter": "rot13",
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "salt": null
+     },
+     "expected": {
+      "output": [20, 23, 24],
+      "finish_reason": "length",
+      "margins": [0.17312438206475633, 0.22890412020111484, 0.8531643829426265],
+      "runner_up": [25, 25, 23]
+     }
+    },
+    {
+     "id": "r8",
+     "prompt": [10],
      "max_tokens": 10,
-     "stop_ids": [36],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -426,10 +444,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [90, 71, 69, 69, 87, 293, 382, 10, 72, 4],
+      "output": [281, 14, 286, 308, 265, 354, 610, 297, 307, 313],
       "finish_reason": "length",
-      "margins": [0.2883361002180944, 2.2720392677297054, 1.1513040749897723, 0.37360011935259063, 0.07509836562585726, 0.8164140906523745, 1.0420438272372428, 1.8751388255914314, 1.118369656444699, 0.4819747758375925],
-      "runner_up": [15, 314, 62, 462, 462, 547, 16, 11, 85, 9]
+      "margins": [1.2722503745976752, 0.866502171944342, 0.5550809761640485, 0.1654875915026892, 4.6537415513545835, 1.9230394841777496, 0.5811219161369952, 0.11486331188556953, 0.6206541846945957, 0.43786862038664687],
+      "runner_up": [12, 308, 309, 988, 287, 305, 265, 686, 910, 91]
      }
     }
    ]

@@ -6,8 +6,8 @@ the reference engine: the `reference_engine` package with its checkpoints (from 
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "extra_keys_concatenated"}. Steps (from a cold cache):
   1. configure block_size=4, num_blocks=1024, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. batch 0: r6: 4-token prompt, max_tokens 1, stop [4, 4], adapter rot13, salt rot13 -> expected [32]
-  3. batch 1: r10: 5-token prompt, max_tokens 1, stop [4, 4], adapter rot13, salt rot13 -> expected [55]
+  2. batch 0: r0: 4-token prompt, max_tokens 1, salt rot13 -> expected [70]
+  3. batch 1: r1: 5-token prompt, max_tokens 1, adapter rot13 -> expected [35]
 
 Run:  python reproducers/fault-zoo/extra_keys_concatenated.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -398,21 +398,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r6",
+     "id": "r0",
      "prompt": [28, 30, 6, 20],
      "max_tokens": 1,
-     "stop_ids": [4, 4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
-      "adapter": "rot13",
-      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "adapter": null,
+      "adapter_digest": null,
       "salt": "rot13"
      },
      "expected": {
-      "output": [32],
+      "output": [70],
       "finish_reason": "length",
-      "margins": [1.1508637280748246],
-      "runner_up": [28]
+      "margins": [0.6265135796042518],
+      "runner_up": [32]
      }
     }
    ]
@@ -426,21 +426,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r10",
+     "id": "r1",
      "prompt": [28, 30, 6, 20, 36],
      "max_tokens": 1,
-     "stop_ids": [4, 4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": "rot13",
-      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
-      "salt": "rot13"
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
+      "salt": null
      },
      "expected": {
-      "output": [55],
+      "output": [35],
       "finish_reason": "length",
-      "margins": [0.45209688636220235],
-      "runner_up": [36]
+      "margins": [0.33352284361712137],
+      "runner_up": [55]
      }
     }
    ]

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Standalone reproducer: kvparity witness hit_uncapped.json (history_independence) on reference.
+"""Standalone reproducer: kvparity witness hit_uncapped.json (prefix_only) on reference.
 
 Exported by `kvparity export reports/fault-zoo/witnesses/hit_uncapped.json`. It does not import kvparity: it needs
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "hit_uncapped"}. Steps (from a cold cache):
-  1. batch 0: r0: 16-token prompt, max_tokens 2, stop [4] -> expected [16, 12]
-  2. batch 1: r1: 16-token prompt, max_tokens 1 -> expected [16]
+  1. batch 0: r2: 16-token prompt, max_tokens 1 -> expected [16]
+  2. batch 1: r3: 16-token prompt, max_tokens 1 -> expected [16]
 
 Run:  python reproducers/fault-zoo/hit_uncapped.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -354,14 +354,14 @@ class Driver:
 PLAN = load_plan(r'''
 {
  "format": 1,
- "description": "Standalone reproducer of kvparity witness hit_uncapped.json (history_independence) on reference.",
+ "description": "Standalone reproducer of kvparity witness hit_uncapped.json (prefix_only) on reference.",
  "witness": {
   "file": "hit_uncapped.json",
   "engine": "reference",
   "engine_args": {
    "fault": "hit_uncapped"
   },
-  "check": "history_independence",
+  "check": "prefix_only",
   "case_id": null,
   "title": null
  },
@@ -384,10 +384,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r0",
+     "id": "r2",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 2,
-     "stop_ids": [4],
+     "max_tokens": 1,
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -395,10 +395,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [16, 12],
+      "output": [16],
       "finish_reason": "length",
-      "margins": [1.0739155913357141, 1.541814998147652],
-      "runner_up": [17, 19]
+      "margins": [1.0739155913357141],
+      "runner_up": [17]
      }
     }
    ]
@@ -412,7 +412,7 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r1",
+     "id": "r3",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
      "max_tokens": 1,
      "stop_ids": [],

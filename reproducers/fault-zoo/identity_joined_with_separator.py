@@ -5,8 +5,9 @@ Exported by `kvparity export reports/fault-zoo/witnesses/identity_joined_with_se
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "identity_joined_with_separator"}. Steps (from a cold cache):
-  1. batch 0: r2: 16-token prompt, max_tokens 2, salt rot13 -> expected [16, 12]
-  2. batch 1: r9: 17-token prompt, max_tokens 1, adapter rot13 -> expected [12]
+  1. configure block_size=4, num_blocks=1024, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=4096, max_batch=64
+  2. batch 0: r0: 4-token prompt, max_tokens 1, salt rot13 -> expected [70]
+  3. batch 1: r1: 5-token prompt, max_tokens 1, adapter rot13 -> expected [35]
 
 Run:  python reproducers/fault-zoo/identity_joined_with_separator.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -376,17 +377,30 @@ PLAN = load_plan(r'''
  },
  "steps": [
   {
+   "step": "configure",
+   "config": {
+    "block_size": 4,
+    "num_blocks": 1024,
+    "enable_prefix_cache": true,
+    "drafter": "none",
+    "k": 3,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
    "step": "batch",
    "index": 0,
    "epoch": 1,
-   "segment": 0,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r2",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 2,
+     "id": "r0",
+     "prompt": [28, 30, 6, 20],
+     "max_tokens": 1,
      "stop_ids": [],
      "identity": {
       "revision": "a",
@@ -395,10 +409,10 @@ PLAN = load_plan(r'''
       "salt": "rot13"
      },
      "expected": {
-      "output": [16, 12],
+      "output": [70],
       "finish_reason": "length",
-      "margins": [1.0739155913357141, 1.541814998147652],
-      "runner_up": [17, 19]
+      "margins": [0.6265135796042518],
+      "runner_up": [32]
      }
     }
    ]
@@ -407,26 +421,26 @@ PLAN = load_plan(r'''
    "step": "batch",
    "index": 1,
    "epoch": 1,
-   "segment": 0,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r9",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
+     "id": "r1",
+     "prompt": [28, 30, 6, 20, 36],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": "rot13",
-      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
       "salt": null
      },
      "expected": {
-      "output": [12],
+      "output": [35],
       "finish_reason": "length",
-      "margins": [0.3113587946677434],
-      "runner_up": [18]
+      "margins": [0.33352284361712137],
+      "runner_up": [55]
      }
     }
    ]

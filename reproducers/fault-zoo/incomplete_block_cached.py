@@ -6,7 +6,7 @@ the reference engine: the `reference_engine` package with its checkpoints (from 
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "incomplete_block_cached"}. Steps (from a cold cache):
   1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=24, max_batch=64
-  2. batch 0: r7: 16-token prompt, max_tokens 3, revision b -> expected [1005, 274, 648]; r8: 1-token prompt, max_tokens 14, salt tenant-a -> expected [287, 294, 16, 671, 10, 281, 16, 671, 10, 281, 16, 671, 10, 281]; r10: 17-token prompt, max_tokens 1 -> expected [33]
+  2. batch 0: r2: 35-token prompt, max_tokens 4 -> expected [11, 201, 201, 462]; r3: 17-token prompt, max_tokens 2, adapter rot13 -> expected [11, 265]
 
 Run:  python reproducers/fault-zoo/incomplete_block_cached.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -397,45 +397,9 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r7",
-     "prompt": [12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39],
-     "max_tokens": 3,
-     "stop_ids": [],
-     "identity": {
-      "revision": "b",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": null
-     },
-     "expected": {
-      "output": [1005, 274, 648],
-      "finish_reason": "length",
-      "margins": [0.5445943242814337, 1.7644462971493322, 0.4617702406448574],
-      "runner_up": [53, 201, 317]
-     }
-    },
-    {
-     "id": "r8",
-     "prompt": [28],
-     "max_tokens": 14,
-     "stop_ids": [],
-     "identity": {
-      "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": "tenant-a"
-     },
-     "expected": {
-      "output": [287, 294, 16, 671, 10, 281, 16, 671, 10, 281, 16, 671, 10, 281],
-      "finish_reason": "length",
-      "margins": [0.8197720979220584, 0.05836458903344166, 0.09188565452658892, 0.17986595927801652, 1.228274735119319, 1.0052632571641817, 0.45076340989990626, 0.5190343098739021, 1.5213752062846062, 2.5391889704706676, 1.0613520723339374, 0.1962270142126341, 0.19868862657387965, 2.8783967249077413],
-      "runner_up": [265, 305, 330, 276, 473, 72, 330, 470, 473, 708, 330, 470, 65, 708]
-     }
-    },
-    {
-     "id": "r10",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
-     "max_tokens": 1,
+     "id": "r2",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26, 31, 24],
+     "max_tokens": 4,
      "stop_ids": [],
      "identity": {
       "revision": "a",
@@ -444,10 +408,28 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [33],
+      "output": [11, 201, 201, 462],
       "finish_reason": "length",
-      "margins": [0.42379215661119574],
-      "runner_up": [12]
+      "margins": [0.6113387235627865, 0.07968207845166475, 1.6483018547809642, 0.44035919077894015],
+      "runner_up": [18, 433, 30, 5]
+     }
+    },
+    {
+     "id": "r3",
+     "prompt": [20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26, 31, 24],
+     "max_tokens": 2,
+     "stop_ids": [],
+     "identity": {
+      "revision": "a",
+      "adapter": "rot13",
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "salt": null
+     },
+     "expected": {
+      "output": [11, 265],
+      "finish_reason": "length",
+      "margins": [0.28300821321060177, 0.7515193690811675],
+      "runner_up": [14, 201]
      }
     }
    ]

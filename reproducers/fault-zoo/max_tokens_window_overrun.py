@@ -6,7 +6,7 @@ the reference engine: the `reference_engine` package with its checkpoints (from 
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "max_tokens_window_overrun"}. Steps (from a cold cache):
   1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. batch 0: r2: 1-token prompt, max_tokens 2, stop [4] -> expected [287, 294]
+  2. batch 0: r1: 1-token prompt, max_tokens 2 -> expected [287, 294]
 
 Run:  python reproducers/fault-zoo/max_tokens_window_overrun.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -397,10 +397,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r2",
+     "id": "r1",
      "prompt": [28],
      "max_tokens": 2,
-     "stop_ids": [4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,

@@ -6,7 +6,13 @@ the reference engine: the `reference_engine` package with its checkpoints (from 
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "provisional_blocks_leaked"}. Steps (from a cold cache):
   1. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=13, token_budget=24, max_batch=64
-  2. batch 0: r2: 13-token prompt, max_tokens 16, adapter rot13, salt tenant-a -> expected [50, 59, 65, 53, 16, 9, 308, 265, 416, 40, 481, 50, 46, 49, 37, 45]
+  2. batch 0: r2: 17-token prompt, max_tokens 12, adapter rot13, salt tenant-a -> expected [39, 39, 11, 201, 201, 54, 42, 65, 54, 42, 39, 10]
+  3. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=13, token_budget=24, max_batch=64
+  4. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=ngram, k=1, chunk_size=13, token_budget=24, max_batch=64
+  5. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=13, token_budget=24, max_batch=64
+  6. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=13, token_budget=24, max_batch=64
+  7. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=draft, k=5, chunk_size=13, token_budget=24, max_batch=64
+  8. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=13, token_budget=24, max_batch=64
 
 Run:  python reproducers/fault-zoo/provisional_blocks_leaked.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -398,8 +404,8 @@ PLAN = load_plan(r'''
    "requests": [
     {
      "id": "r2",
-     "prompt": [9, 23, 33, 24, 9, 40, 9, 6, 29, 21, 6, 31, 43],
-     "max_tokens": 16,
+     "prompt": [9, 23, 33, 24, 9, 40, 9, 6, 29, 21, 6, 31, 43, 45, 51, 40, 36],
+     "max_tokens": 12,
      "stop_ids": [],
      "identity": {
       "revision": "a",
@@ -408,13 +414,91 @@ PLAN = load_plan(r'''
       "salt": "tenant-a"
      },
      "expected": {
-      "output": [50, 59, 65, 53, 16, 9, 308, 265, 416, 40, 481, 50, 46, 49, 37, 45],
+      "output": [39, 39, 11, 201, 201, 54, 42, 65, 54, 42, 39, 10],
       "finish_reason": "length",
-      "margins": [0.14772338464044843, 0.27669611181541764, 0.43009099099776904, 0.043043111001694, 0.6721208849826752, 0.2614649673287355, 0.8809887131215195, 0.19956137741374924, 0.268554234897886, 0.08221511904615575, 0.2831189197732744, 0.20661180526816914, 0.1634913892360288, 0.10768988519913236, 0.016538412602463026, 0.48482838256107286],
-      "runner_up": [40, 43, 57, 37, 55, 265, 201, 287, 354, 53, 367, 55, 43, 43, 50, 54]
+      "margins": [0.006394546842749094, 0.03758269097910194, 0.26016508452662457, 0.08017536894035349, 0.35253831234089006, 0.22951265637664076, 0.7604645610648024, 0.5730320252886782, 0.014280244536754694, 0.265161357905237, 0.6416178299049111, 0.044799691527979135],
+      "runner_up": [55, 11, 48, 265, 54, 5, 40, 43, 37, 52, 43, 52]
      }
     }
    ]
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 32,
+    "num_blocks": 2,
+    "enable_prefix_cache": true,
+    "drafter": "draft",
+    "k": 1,
+    "chunk_size": 13,
+    "token_budget": 24,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 32,
+    "num_blocks": 2,
+    "enable_prefix_cache": true,
+    "drafter": "ngram",
+    "k": 1,
+    "chunk_size": 13,
+    "token_budget": 24,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 32,
+    "num_blocks": 2,
+    "enable_prefix_cache": true,
+    "drafter": "oracle",
+    "k": 5,
+    "chunk_size": 13,
+    "token_budget": 24,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 32,
+    "num_blocks": 2,
+    "enable_prefix_cache": true,
+    "drafter": "adversarial",
+    "k": 5,
+    "chunk_size": 13,
+    "token_budget": 24,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 32,
+    "num_blocks": 2,
+    "enable_prefix_cache": true,
+    "drafter": "draft",
+    "k": 5,
+    "chunk_size": 13,
+    "token_budget": 24,
+    "max_batch": 64
+   }
+  },
+  {
+   "step": "configure",
+   "config": {
+    "block_size": 32,
+    "num_blocks": 2,
+    "enable_prefix_cache": true,
+    "drafter": "ngram",
+    "k": 5,
+    "chunk_size": 13,
+    "token_budget": 24,
+    "max_batch": 64
+   }
   }
  ],
  "engine": {

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/revision_ignored.json`.
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "revision_ignored"}. Steps (from a cold cache):
-  1. batch 0: r3: 16-token prompt, max_tokens 1 -> expected [16]
-  2. batch 1: r4: 17-token prompt, max_tokens 1, revision b -> expected [20]
+  1. batch 0: r2: 16-token prompt, max_tokens 2, stop [4] -> expected [16, 12]
+  2. batch 1: r3: 17-token prompt, max_tokens 1, stop [4], revision b -> expected [20]
 
 Run:  python reproducers/fault-zoo/revision_ignored.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,10 +384,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r3",
+     "id": "r2",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 1,
-     "stop_ids": [],
+     "max_tokens": 2,
+     "stop_ids": [4],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -395,10 +395,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [16],
+      "output": [16, 12],
       "finish_reason": "length",
-      "margins": [1.0739155913357141],
-      "runner_up": [17]
+      "margins": [1.0739155913357141, 1.541814998147652],
+      "runner_up": [17, 19]
      }
     }
    ]
@@ -412,10 +412,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r4",
+     "id": "r3",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
-     "stop_ids": [],
+     "stop_ids": [4],
      "identity": {
       "revision": "b",
       "adapter": null,

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/salt_ignored.json`. It 
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "salt_ignored"}. Steps (from a cold cache):
-  1. batch 0: r0: 16-token prompt, max_tokens 1, stop [4] -> expected [16]
-  2. batch 1: r1: 17-token prompt, max_tokens 1, salt tenant-a -> expected [33]
+  1. batch 0: r2: 16-token prompt, max_tokens 1 -> expected [16]
+  2. batch 1: r4: 17-token prompt, max_tokens 1, salt tenant-a -> expected [33]
 
 Run:  python reproducers/fault-zoo/salt_ignored.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,10 +384,10 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r0",
+     "id": "r2",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
      "max_tokens": 1,
-     "stop_ids": [4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -412,7 +412,7 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r1",
+     "id": "r4",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
      "max_tokens": 1,
      "stop_ids": [],

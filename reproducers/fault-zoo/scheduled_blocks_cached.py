@@ -6,7 +6,7 @@ the reference engine: the `reference_engine` package with its checkpoints (from 
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "scheduled_blocks_cached"}. Steps (from a cold cache):
   1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=24, max_batch=64
-  2. batch 0: r7: 33-token prompt, max_tokens 2, revision b, salt tenant-a -> expected [11, 615]; r8: 17-token prompt, max_tokens 2, adapter rot13, salt rot13 -> expected [12, 11]
+  2. batch 0: r3: 32-token prompt, max_tokens 1 -> expected [308]; r4: 15-token prompt, max_tokens 3 -> expected [16, 18, 17]; r5: 33-token prompt, max_tokens 1, salt tenant-a -> expected [11]
 
 Run:  python reproducers/fault-zoo/scheduled_blocks_cached.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -397,39 +397,57 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r7",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26],
-     "max_tokens": 2,
+     "id": "r3",
+     "prompt": [12, 40, 8, 20, 11, 35, 32, 34, 45, 28, 17, 10, 35, 5, 28, 31, 42, 4, 48, 32, 21, 50, 18, 41, 10, 24, 5, 5, 5, 45, 38, 4],
+     "max_tokens": 1,
      "stop_ids": [],
      "identity": {
-      "revision": "b",
+      "revision": "a",
+      "adapter": null,
+      "adapter_digest": null,
+      "salt": null
+     },
+     "expected": {
+      "output": [308],
+      "finish_reason": "length",
+      "margins": [0.46708438744866587],
+      "runner_up": [454]
+     }
+    },
+    {
+     "id": "r4",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22],
+     "max_tokens": 3,
+     "stop_ids": [],
+     "identity": {
+      "revision": "a",
+      "adapter": null,
+      "adapter_digest": null,
+      "salt": null
+     },
+     "expected": {
+      "output": [16, 18, 17],
+      "finish_reason": "length",
+      "margins": [0.31249491503248006, 0.1719854713062965, 1.2146879793967944],
+      "runner_up": [15, 19, 16]
+     }
+    },
+    {
+     "id": "r5",
+     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26],
+     "max_tokens": 1,
+     "stop_ids": [],
+     "identity": {
+      "revision": "a",
       "adapter": null,
       "adapter_digest": null,
       "salt": "tenant-a"
      },
      "expected": {
-      "output": [11, 615],
+      "output": [11],
       "finish_reason": "length",
-      "margins": [0.10644303447856096, 0.3168964277587438],
-      "runner_up": [454, 287]
-     }
-    },
-    {
-     "id": "r8",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
-     "max_tokens": 2,
-     "stop_ids": [],
-     "identity": {
-      "revision": "a",
-      "adapter": "rot13",
-      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
-      "salt": "rot13"
-     },
-     "expected": {
-      "output": [12, 11],
-      "finish_reason": "length",
-      "margins": [0.3113587946677434, 0.9028861275323941],
-      "runner_up": [18, 15]
+      "margins": [0.6050638447402719],
+      "runner_up": [454]
      }
     }
    ]

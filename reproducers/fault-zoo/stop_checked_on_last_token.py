@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Standalone reproducer: kvparity witness stop_checked_on_last_token.json (accounting) on reference.
+"""Standalone reproducer: kvparity witness stop_checked_on_last_token.json (parity) on reference.
 
 Exported by `kvparity export reports/fault-zoo/witnesses/stop_checked_on_last_token.json`. It does not import kvparity: it needs
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "stop_checked_on_last_token"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=16, token_budget=4096, max_batch=64
-  2. batch 0: r2: 17-token prompt, max_tokens 2, stop [33] -> expected [33]
+  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=None, token_budget=4096, max_batch=64
+  2. batch 0: r2: 1-token prompt, max_tokens 2, stop [294] -> expected [287, 294]
 
 Run:  python reproducers/fault-zoo/stop_checked_on_last_token.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -354,14 +354,14 @@ class Driver:
 PLAN = load_plan(r'''
 {
  "format": 1,
- "description": "Standalone reproducer of kvparity witness stop_checked_on_last_token.json (accounting) on reference.",
+ "description": "Standalone reproducer of kvparity witness stop_checked_on_last_token.json (parity) on reference.",
  "witness": {
   "file": "stop_checked_on_last_token.json",
   "engine": "reference",
   "engine_args": {
    "fault": "stop_checked_on_last_token"
   },
-  "check": "accounting",
+  "check": "parity",
   "case_id": null,
   "title": null
  },
@@ -383,7 +383,7 @@ PLAN = load_plan(r'''
     "enable_prefix_cache": true,
     "drafter": "oracle",
     "k": 1,
-    "chunk_size": 16,
+    "chunk_size": null,
     "token_budget": 4096,
     "max_batch": 64
    }
@@ -398,9 +398,9 @@ PLAN = load_plan(r'''
    "requests": [
     {
      "id": "r2",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
+     "prompt": [28],
      "max_tokens": 2,
-     "stop_ids": [33],
+     "stop_ids": [294],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -408,10 +408,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [33],
+      "output": [287, 294],
       "finish_reason": "stop",
-      "margins": [0.42379215661119574],
-      "runner_up": [12]
+      "margins": [0.8197720979220584, 0.05836458903344166],
+      "runner_up": [265, 305]
      }
     }
    ]

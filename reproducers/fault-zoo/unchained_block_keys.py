@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
-"""Standalone reproducer: kvparity witness unchained_block_keys.json (isolation) on reference.
+"""Standalone reproducer: kvparity witness unchained_block_keys.json (history_independence) on reference.
 
 Exported by `kvparity export reports/fault-zoo/witnesses/unchained_block_keys.json`. It does not import kvparity: it needs
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "unchained_block_keys"}. Steps (from a cold cache):
-  1. configure block_size=4, num_blocks=1024, enable_prefix_cache=True, drafter=draft, k=3, chunk_size=16, token_budget=4096, max_batch=64
-  2. batch 0: r0: 8-token prompt, max_tokens 1, stop [4, 4] -> expected [11]
-  3. batch 1: r1: 5-token prompt, max_tokens 2, stop [4, 4] -> expected [85, 91]
+  1. batch 0: r1: 32-token prompt, max_tokens 1 -> expected [39]
+  2. batch 1: r3: 17-token prompt, max_tokens 1 -> expected [19]
 
 Run:  python reproducers/fault-zoo/unchained_block_keys.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -355,14 +354,14 @@ class Driver:
 PLAN = load_plan(r'''
 {
  "format": 1,
- "description": "Standalone reproducer of kvparity witness unchained_block_keys.json (isolation) on reference.",
+ "description": "Standalone reproducer of kvparity witness unchained_block_keys.json (history_independence) on reference.",
  "witness": {
   "file": "unchained_block_keys.json",
   "engine": "reference",
   "engine_args": {
    "fault": "unchained_block_keys"
   },
-  "check": "isolation",
+  "check": "history_independence",
   "case_id": null,
   "title": null
  },
@@ -377,31 +376,18 @@ PLAN = load_plan(r'''
  },
  "steps": [
   {
-   "step": "configure",
-   "config": {
-    "block_size": 4,
-    "num_blocks": 1024,
-    "enable_prefix_cache": true,
-    "drafter": "draft",
-    "k": 3,
-    "chunk_size": 16,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
    "step": "batch",
    "index": 0,
    "epoch": 1,
-   "segment": 1,
+   "segment": 0,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r0",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23],
+     "id": "r1",
+     "prompt": [28, 28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39],
      "max_tokens": 1,
-     "stop_ids": [4, 4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -409,10 +395,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [11],
+      "output": [39],
       "finish_reason": "length",
-      "margins": [0.01095224127232175],
-      "runner_up": [24]
+      "margins": [0.7977270797372382],
+      "runner_up": [48]
      }
     }
    ]
@@ -421,15 +407,15 @@ PLAN = load_plan(r'''
    "step": "batch",
    "index": 1,
    "epoch": 1,
-   "segment": 1,
+   "segment": 0,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r1",
-     "prompt": [36, 35, 29, 23, 34],
-     "max_tokens": 2,
-     "stop_ids": [4, 4],
+     "id": "r3",
+     "prompt": [12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10],
+     "max_tokens": 1,
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -437,10 +423,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [85, 91],
+      "output": [19],
       "finish_reason": "length",
-      "margins": [0.24430728946925306, 2.380365153261123],
-      "runner_up": [69, 87]
+      "margins": [0.07520180576976276],
+      "runner_up": [18]
      }
     }
    ]
