@@ -341,12 +341,14 @@ def can_flood(s: Stream) -> bool:
     return s.max_batch * (s.top + MAX_NEW) > context_limit(s.caps, s.current)
 
 
-def _flush_resend(s: Stream) -> tuple:
+def _flush_resend(s: Stream, keep: int | None = None, max_new: int = MAX_NEW) -> tuple:
     # The same traffic again after a flush: nothing may be reported cached that the flush dropped
     # (lmdeploy 4917: counts reported after they stopped being valid), and outputs must not depend on
-    # the warm cache being gone.
+    # the warm cache being gone. `keep`, `max_new`: prompts cut to that many tokens, outputs capped.
     s.steps.append(Reset())
-    return tuple(renamed(p, s.next_id(), s.top) for p in s.pick_from_pool())
+    top = min(s.top, keep or s.top)
+    return tuple(evolve(renamed(p, s.next_id(), top), max_tokens=min(p.max_tokens, max_new))
+                 for p in s.pick_from_pool())
 
 
 # -- steering: steps that reach what random prompts almost never do ------------------------------------
@@ -603,10 +605,7 @@ def _flush_tail(s: Stream) -> None:
     # The flush_resend step, its prompts cut to two blocks and a token and at most two new tokens: a
     # count or KV that outlives the flush shows on the first blocks and the first token, and resending
     # whole 200-token prompts cost a tenth of the CI profile.
-    s.steps.append(Reset())
-    keep = min(s.top, 2 * s.bs + 1)
-    s.add_batch(tuple(evolve(renamed(p, s.next_id(), keep), max_tokens=min(p.max_tokens, 2))
-                      for p in s.pick_from_pool()))
+    s.add_batch(_flush_resend(s, keep=2 * s.bs + 1, max_new=2))
 
 
 def _pressure_tail(s: Stream) -> None:

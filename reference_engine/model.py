@@ -228,6 +228,9 @@ def _inv_freq(head_dim: int, theta: float, scaling: tuple[tuple[str, Any], ...] 
     return inv
 
 
+_ROPE_TABLE_MIN = 1024  # positions per table at least; a longer context doubles it
+
+
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float,
                 dtype: torch.dtype, scaling: tuple[tuple[str, Any], ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, 1, D] of rotate-half RoPE (the HF Llama convention) at `positions`, read from a
@@ -240,9 +243,6 @@ def rope_angles(positions: torch.Tensor, head_dim: int, theta: float,
         length *= 2
     cos, sin = _rope_table(head_dim, theta, scaling, dtype, length)
     return cos[positions], sin[positions]
-
-
-_ROPE_TABLE_MIN = 1024  # positions per table at least; a longer context doubles it
 
 
 @functools.lru_cache(maxsize=None)
