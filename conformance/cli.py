@@ -238,22 +238,36 @@ def numerics_summary(run_dir: Path, calibration: Any) -> None:
 
 def minimise_failures(outcome: Any, new_engine: Callable[[], Any], timeout_s: float,
                       engine: str | None = None) -> dict[str, str]:
-    """Minimise one witness per failed check; check -> the line saying what came of it."""
+    """Minimise one witness per failed check, from the witness (the shrunk example) and from the run's
+    first example that failed the check; check -> the line saying what came of it."""
+    from conformance.analysis import failing_examples
+    from conformance.history import load
+    from conformance.strategies import step_from_json
+
     minimised: dict[str, str] = {}
+    try:
+        failing = list(failing_examples(load(outcome.run_dir / "history.jsonl"),
+                                         sorted({f.check for f in outcome.analysis.failures})))
+    except (OSError, ValueError):  # the history is unreadable: minimise from the witness files alone
+        failing = []
     for f in outcome.analysis.failures:
         witness = outcome.run_dir / "witnesses" / (f.case_id + ".json")
         if f.check not in minimised and witness.is_file():
-            minimised[f.check] = line = minimise_line(witness, new_engine, timeout_s, engine)
+            first = next(([step_from_json(s) for s in ex.steps()] for ex, checks in failing if f.check in checks), None)
+            minimised[f.check] = line = minimise_line(witness, new_engine, timeout_s, engine,
+                                                      also=[first] if first else [])
             print(f"  minimised [{f.check}]: {line}")
     return minimised
 
 
-def minimise_line(witness: Path, new_engine: Callable[[], Any], timeout_s: float, engine: str | None = None) -> str:
-    """Minimise one witness file; say in one line what came of it."""
+def minimise_line(witness: Path, new_engine: Callable[[], Any], timeout_s: float, engine: str | None = None,
+                  also: Sequence[Sequence[Any]] = ()) -> str:
+    """Minimise one witness file (and from the further starting points `also`); say in one line what
+    came of it."""
     from conformance.minimise import minimise_witness_file, size, witness_steps
     from conformance.report import replay_command
 
-    small = minimise_witness_file(witness, new_engine, timeout_s=timeout_s)
+    small = minimise_witness_file(witness, new_engine, timeout_s=timeout_s, also=also)
     if small is None:
         return "nothing smaller still fails"
     before, after = (size(witness_steps(p)) for p in (witness, small))

@@ -90,11 +90,22 @@ def tokens(caps: Capabilities) -> st.SearchStrategy[int]:
     return st.integers(lo, hi).map(lambda t: t if t != eos else (t + 1 if t < hi else lo))
 
 
+# The seed whose lists repeat every REPEAT_PERIOD tokens: a prompt that repeats itself block for block (a
+# template, a repeated line) at every block size that divides the period or is a multiple of it (4, 16,
+# 32). Sent again, its second block is looked up by the same tokens as its first: a block key blind to
+# its parent (nano-vllm-style hashing, BUG_CLASSES A) serves the first block's KV at the second's
+# positions. Not seed 0, where shrinking goes.
+REPEATING_SEED, REPEAT_PERIOD = 7, 16
+
+
 def seeded_tokens(caps: Capabilities, n: int, seed: int) -> tuple[int, ...]:
     """`n` tokens of the small alphabet (never eos), a pure function of `seed`."""
     lo, hi = token_range(caps)
     alphabet = [t for t in range(lo, hi + 1) if t != caps.eos_id] or [lo]
     rng = random.Random(seed)
+    if seed == REPEATING_SEED:
+        period = tuple(rng.choice(alphabet) for _ in range(REPEAT_PERIOD))
+        return tuple(period[i % REPEAT_PERIOD] for i in range(n))
     return tuple(rng.choice(alphabet) for _ in range(n))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from adapters.reference import ReferenceAdapter
 from conformance.contract import Identity, Request
-from conformance.minimise import minimise, size, still_fails
+from conformance.minimise import minimise, minimise_from, size, span, still_fails
 from conformance.strategies import Batch, Configure, Reset
 from fake_engine import FakeDictEngine
 
@@ -61,3 +61,60 @@ def test_minimiser_keeps_a_block_boundary_witness_at_its_boundary():
     [q] = batch.items
     assert len(q.prompt) <= 2 * 16 and q.max_tokens <= 16
     assert (len(q.prompt) + q.max_tokens) % 16 == 0
+
+
+def test_minimiser_drops_runs_of_padding_within_a_small_replay_budget():
+    """A first failing example carries dozens of steps: dropping them in runs (halves, quarters, ...)
+    reaches the two-request witness within 40 replays, where one step per replay would not."""
+    def engine():
+        return FakeDictEngine(bug="salt_leak")
+
+    caps = engine().capabilities()
+    noise = [Batch((Request(f"n{i}", (50 + i, 51 + i, 52 + i), 1),)) for i in range(40)]
+    steps = noise + padded_salt_leak()[3:]
+    small = minimise(engine, caps, "isolation", steps, max_replays=40)
+    assert still_fails(engine, caps, "isolation", small)
+    assert size(small)[1:] == (2, 2)
+
+
+# The zoo's `scheduled_blocks_cached` witness as Hypothesis shrank it (a preemption under unchunked
+# prefill, 33 tokens), and the two requests of the first failing example that showed the bug's own
+# mechanism (a block registered when its chunk is scheduled, served to a same-step sharer).
+PREEMPTED = [Configure({"block_size": 16, "chunk_size": "none", "drafter": "none", "k": 3, "pool_tokens": 64,
+                        "token_budget": 24}),
+             Batch((Request("r3", (12, 40, 8, 20, 11, 35, 32, 34, 45, 28, 17, 10, 35, 5, 28, 31, 42, 4, 48, 32, 21, 50,
+                                   18, 41, 10, 24, 5, 5, 5, 45, 38, 4), 1),
+                    Request("r4", (28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22), 3),
+                    Request("r5", (28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49,
+                                   42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26), 1, identity=Identity(salt="tenant-a"))))]
+SHARER = (287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311)
+CHUNKED = [Configure({"chunk_size": 13, "token_budget": 24}), Batch((Request("noise", (7, 8, 9), 4),)),
+           Batch((Request("a", SHARER[:16], 2), Request("b", SHARER, 1)))]
+
+
+def test_minimiser_keeps_the_start_whose_witness_touches_fewer_blocks():
+    """From the shrunk witness alone no cut gets below three blocks; given the first failing example too,
+    the minimiser returns the two-block same-step sharer, still failing."""
+    def engine():
+        return ReferenceAdapter(fault="scheduled_blocks_cached")
+
+    caps = engine().capabilities()
+    alone = minimise(engine, caps, "parity", PREEMPTED)
+    assert span(alone, 16)[0] >= 3
+    both = minimise_from(engine, caps, "parity", [PREEMPTED, CHUNKED])
+    assert span(both, 16)[0] <= 2 and still_fails(engine, caps, "parity", both)
+    assert [len(q.prompt) for s in both if isinstance(s, Batch) for q in s.items] == [16, 17]
+
+
+def test_minimiser_ignores_a_start_that_does_not_fail():
+    """A passing start is no witness, however small: the failing one is minimised; with no failing start
+    the first comes back unchanged."""
+    def engine():
+        return ReferenceAdapter(fault="scheduled_blocks_cached")
+
+    caps = engine().capabilities()
+    passing = [Batch((Request("tiny", (5,), 1),))]
+    assert not still_fails(engine, caps, "parity", passing)
+    small = minimise_from(engine, caps, "parity", [passing, PREEMPTED])
+    assert still_fails(engine, caps, "parity", small) and small != passing
+    assert minimise_from(engine, caps, "parity", [passing]) == passing

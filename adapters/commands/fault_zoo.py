@@ -39,7 +39,7 @@ from conformance.cli import positive_int, positive_seconds
 from conformance.analysis import failing_examples, select_checks
 from conformance.contract import UsageError
 from conformance.history import load
-from conformance.minimise import minimise, witness_size
+from conformance.minimise import minimise_from, witness_size
 from conformance.runner import PROFILES, profile_settings, run_suite
 from conformance.strategies import Batch, Configure, step_from_json, step_to_json
 from reference_engine.checkpoints import CHECKPOINTS
@@ -162,7 +162,8 @@ class ZooRun:
     def shrink_words(self) -> str:
         if self.shrink_seconds is None:
             return "off (`--no-shrink`): each witness is the first failing example, not minimised"
-        return f"Hypothesis' shrinker, capped at {self.shrink_seconds:g} s per fault, then the minimiser"
+        return (f"Hypothesis' shrinker, capped at {self.shrink_seconds:g} s per fault, then the minimiser, from the "
+                f"shrunk example and from the first failing one (the witness touching fewer blocks kept)")
 
 
 @contextlib.contextmanager
@@ -207,8 +208,11 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
     if witness is not None:
         steps = [step_from_json(s) for s in witness[0].steps()]
         check = next((c for c in witness[1] if c in expected), witness[1][0])
-        if shrink:  # then minimise the resolved steps, where Hypothesis' shrinker cannot reach
-            steps = minimise(new_engine, history.capabilities, check, steps)
+        if shrink:  # then minimise the resolved steps, where Hypothesis' shrinker cannot reach, from the
+            # first example that failed this check too (shrinking may have left its mechanism behind)
+            start = next(ex for ex, checks in failing if check in checks)
+            steps = minimise_from(new_engine, history.capabilities, check,
+                                  [steps, [step_from_json(s) for s in start.steps()]])
         prompt, blocks, requests = witness_size(steps, history.capabilities.block_size)
         witness_file = {"kvparity_witness": 1, "engine": "reference", "engine_args": {"fault": fault or "none"},
                         "check": check,
