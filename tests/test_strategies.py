@@ -167,3 +167,32 @@ def test_the_flush_tail_resets_then_resends_two_blocks_and_a_token_at_most():
     assert isinstance(steps[1], Reset)
     (again,), = [b.items for b in steps[2:]]
     assert again.prompt == tuple(range(5, 5 + 33)) and again.max_tokens == 2  # a prefix of the earlier prompt
+
+
+def test_the_repeating_seed_repeats_every_period_and_no_other_seed_does():
+    from conformance.strategies import REPEAT_PERIOD, REPEATING_SEED, seeded_tokens
+
+    def repeats(tokens):
+        return tokens[:REPEAT_PERIOD] == tokens[REPEAT_PERIOD:2 * REPEAT_PERIOD]
+
+    assert repeats(seeded_tokens(CAPS, 3 * REPEAT_PERIOD + 1, REPEATING_SEED))
+    assert not any(repeats(seeded_tokens(CAPS, 2 * REPEAT_PERIOD, seed)) for seed in range(REPEATING_SEED))
+    assert seeded_tokens(CAPS, 5, REPEATING_SEED) == seeded_tokens(CAPS, 40, REPEATING_SEED)[:5]  # still prefixes
+
+
+def test_a_repeating_prompt_sent_again_catches_block_keys_blind_to_their_parent():
+    """Its second block has the first block's tokens: sent again, a key without the parent serves the
+    first block's KV at the second's positions (the fault zoo's `unchained_block_keys`); chained keys do
+    not match there and the same stream passes."""
+    from adapters.reference import ReferenceAdapter
+    from conformance.contract import Request
+    from conformance.minimise import still_fails
+    from conformance.strategies import REPEATING_SEED, seeded_tokens
+
+    for fault, fails in (("unchained_block_keys", True), (None, False)):
+        def engine():
+            return ReferenceAdapter(**({"fault": fault} if fault else {}))
+        caps = engine().capabilities()
+        prompt = seeded_tokens(caps, 34, REPEATING_SEED)
+        steps = [Batch((Request("first", prompt, 2),)), Batch((Request("again", prompt, 2),))]
+        assert still_fails(engine, caps, "parity", steps) is fails, fault
