@@ -251,6 +251,35 @@ def shared_in_flight_chunked(h: History) -> int:
     return sum(_chunked_pair(h, b, i, q, r) for b, i, q, r in _in_flight_sharers(h))
 
 
+def _blocks(prompt: tuple, bs: int) -> list[tuple]:
+    """The full blocks a lookup may serve: the last prompt token is always computed."""
+    return [prompt[i:i + bs] for i in range(0, len(prompt) - 1 - bs + 1, bs)]
+
+
+@situation(title="a block's tokens looked up again after another prefix (a repeated or shifted block)",
+           claim="prefix caching (not required: reached by chance, through the repeating token seed and the "
+                 "shift step)", relevant=lambda caps: False)
+def block_after_other_prefix(h: History) -> int:
+    """Requests one of whose blocks has the tokens of a block an earlier batch of the cache epoch sent (same
+    identity) after a different prefix, where every block before it was sent at its place: a lookup
+    reaches that block, and only a key chained to its parent tells the two apart. Shown, not required:
+    no steering tail sends it, and the dev profile's 12 examples miss it in some seeds (3 of 5), where
+    requiring it would turn a clean run inconclusive."""
+    n = 0
+    for batches in _epochs(h):
+        sent: list = []  # (identity, prompt) of the epoch's earlier batches
+        for b in batches:
+            bs = _block(h, b)
+            for q in b.requests:
+                mine = [(p, _blocks(p, bs)) for ident, p in sent if ident == q.identity]
+                reach = max((lcp(q.prompt, p) // bs for p, _ in mine), default=0)
+                blocks = _blocks(q.prompt, bs)
+                n += any(blk == theirs[j] and q.prompt[:i * bs] != p[:j * bs]
+                         for i, blk in enumerate(blocks[:reach + 1]) for p, theirs in mine for j in range(len(theirs)))
+            sent.extend((p.identity, p.prompt) for p in b.requests)
+    return n
+
+
 # -- inputs that only a careless key confuses --------------------------------------------------------
 
 SEPARATORS = ("", ":", "/", "|", "-", "_", ",", " ", "@", "\x00")

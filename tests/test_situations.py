@@ -89,3 +89,22 @@ def test_landmark_situations_are_irrelevant_without_landmarks():
     rows = {c.name: c for c in coverage(Crafted().history())}
     assert not rows["near_tie_met"].relevant and not rows["same_text_other_ids"].relevant
     assert not rows["eos_finish"].relevant  # CAPS declares no eos paths: unreachable, not missing
+
+
+def test_block_after_other_prefix_counts_a_repeated_or_shifted_block_a_lookup_reaches():
+    repeating = P[:4] * 3 + (9,)  # block 1 has block 0's tokens
+    assert count(Crafted().batch((q("a", repeating), res("a", [1]))).batch((q("b", repeating), res("b", [1]))),
+                 "block_after_other_prefix") == 1
+    shifted = P[4:] + (9,)  # P's second block now starts the prompt
+    assert count(Crafted().batch((q("a", P), res("a", [1]))).batch((q("b", shifted), res("b", [1]))),
+                 "block_after_other_prefix") == 1
+    # not: the same prompt again (every block after its own prefix), a shifted block no lookup reaches
+    # (the block before it was never sent), another identity, or the earlier prompt in the same batch
+    assert count(Crafted().batch((q("a", P), res("a", [1]))).batch((q("b", P), res("b", [1]))),
+                 "block_after_other_prefix") == 0
+    assert count(Crafted().batch((q("a", P), res("a", [1]))).batch((q("b", Q[:4] + P[4:]), res("b", [1]))),
+                 "block_after_other_prefix") == 0
+    assert count(Crafted().batch((q("a", P), res("a", [1]))).batch((q("b", shifted, salt="x"), res("b", [1]))),
+                 "block_after_other_prefix") == 0
+    assert count(Crafted().batch((q("a", P), res("a", [1])), (q("b", shifted), res("b", [1]))),
+                 "block_after_other_prefix") == 0
