@@ -385,7 +385,7 @@ def render(rows: list[FaultSummary], control: FaultSummary | None, run: ZooRun, 
               f"{which} of each fault (from the first seed that caught it), replayable with one command. It "
               "prints FAILED while the fault is on; with `--engine-arg fault=none` it prints FIXED, or "
               "INCONCLUSIVE where only the fault made the witness exercise its check (`hit_uncapped`: a "
-              "16-token prompt gets a hit only when the hit may cover the last token):", ""]
+              "prompt of whole blocks gets a hit only when the hit may cover the last token):", ""]
     for r in rows:
         w = r.witness_row
         if w is not None:

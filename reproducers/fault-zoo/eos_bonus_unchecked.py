@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/eos_bonus_unchecked.jso
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "eos_bonus_unchecked"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  2. batch 0: r2: 29-token prompt, max_tokens 3 -> expected [345, 201, 2]
+  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=13, token_budget=24, max_batch=64
+  2. batch 0: r37: 27-token prompt, max_tokens 10, stop [331], salt tenant-a -> expected [683, 65, 357, 345, 201, 2]
 
 Run:  python reproducers/fault-zoo/eos_bonus_unchecked.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -379,12 +379,12 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 256,
+    "num_blocks": 4,
     "enable_prefix_cache": true,
-    "drafter": "oracle",
+    "drafter": "draft",
     "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
+    "chunk_size": 13,
+    "token_budget": 24,
     "max_batch": 64
    }
   },
@@ -397,21 +397,21 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r2",
-     "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16, 475, 264],
-     "max_tokens": 3,
-     "stop_ids": [],
+     "id": "r37",
+     "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16],
+     "max_tokens": 10,
+     "stop_ids": [331],
      "identity": {
       "revision": "a",
       "adapter": null,
       "adapter_digest": null,
-      "salt": null
+      "salt": "tenant-a"
      },
      "expected": {
-      "output": [345, 201, 2],
+      "output": [683, 65, 357, 345, 201, 2],
       "finish_reason": "eos",
-      "margins": [1.377434263244833, 1.0171370294979543, 0.3137339463669182],
-      "runner_up": [10, 274, 201]
+      "margins": [0.54438165413689, 1.1921733203837324, 0.31681137952095995, 0.3446276543190745, 0.7445780559778754, 0.3302341608019095],
+      "runner_up": [276, 10, 688, 10, 274, 201]
      }
     }
    ]

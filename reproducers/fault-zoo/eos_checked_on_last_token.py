@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/eos_checked_on_last_tok
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "eos_checked_on_last_token"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=3, chunk_size=None, token_budget=4096, max_batch=64
-  2. batch 0: r3: 29-token prompt, max_tokens 3 -> expected [345, 201, 2]
+  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=13, token_budget=24, max_batch=64
+  2. batch 0: r26: 28-token prompt, max_tokens 8 -> expected [90, 65, 357, 345, 201, 2]
 
 Run:  python reproducers/fault-zoo/eos_checked_on_last_token.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -379,12 +379,12 @@ PLAN = load_plan(r'''
    "step": "configure",
    "config": {
     "block_size": 16,
-    "num_blocks": 256,
+    "num_blocks": 4,
     "enable_prefix_cache": true,
     "drafter": "oracle",
-    "k": 3,
-    "chunk_size": null,
-    "token_budget": 4096,
+    "k": 5,
+    "chunk_size": 13,
+    "token_budget": 24,
     "max_batch": 64
    }
   },
@@ -397,9 +397,9 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r3",
-     "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16, 475, 264],
-     "max_tokens": 3,
+     "id": "r26",
+     "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16, 475],
+     "max_tokens": 8,
      "stop_ids": [],
      "identity": {
       "revision": "a",
@@ -408,10 +408,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [345, 201, 2],
+      "output": [90, 65, 357, 345, 201, 2],
       "finish_reason": "eos",
-      "margins": [1.377434263244833, 1.0171370294979543, 0.3137339463669182],
-      "runner_up": [10, 274, 201]
+      "margins": [0.046151148882916715, 0.44720949971269164, 0.08340153902915937, 0.7029179002156987, 0.5763913268577312, 0.3546610300165156],
+      "runner_up": [384, 10, 72, 10, 274, 201]
      }
     }
    ]

@@ -5,16 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/eos_ignored_on_hit.json
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "eos_ignored_on_hit"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  2. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  3. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  4. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=1, chunk_size=None, token_budget=4096, max_batch=64
-  5. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  6. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  7. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=draft, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  8. configure block_size=16, num_blocks=256, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
-  9. batch 0: r20: 13-token prompt, max_tokens 5 -> expected [311, 456, 300, 311, 475]
-  10. batch 1: r21: 29-token prompt, max_tokens 4 -> expected [345, 201, 2]
+  1. batch 0: r31: 13-token prompt, max_tokens 8, stop [34], salt tenant-a -> expected [311, 456, 300, 311, 475, 264, 311, 413]
+  2. batch 1: r32: 27-token prompt, max_tokens 12, salt tenant-a -> expected [683, 65, 357, 345, 201, 2]
 
 Run:  python reproducers/fault-zoo/eos_ignored_on_hit.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,133 +376,29 @@ PLAN = load_plan(r'''
  },
  "steps": [
   {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "oracle",
-    "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "adversarial",
-    "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "draft",
-    "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "ngram",
-    "k": 1,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "oracle",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "adversarial",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "draft",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 16,
-    "num_blocks": 256,
-    "enable_prefix_cache": true,
-    "drafter": "ngram",
-    "k": 5,
-    "chunk_size": null,
-    "token_budget": 4096,
-    "max_batch": 64
-   }
-  },
-  {
    "step": "batch",
    "index": 0,
    "epoch": 1,
-   "segment": 8,
+   "segment": 0,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r20",
+     "id": "r31",
      "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357],
-     "max_tokens": 5,
-     "stop_ids": [],
+     "max_tokens": 8,
+     "stop_ids": [34],
      "identity": {
       "revision": "a",
       "adapter": null,
       "adapter_digest": null,
-      "salt": null
+      "salt": "tenant-a"
      },
      "expected": {
-      "output": [311, 456, 300, 311, 475],
+      "output": [311, 456, 300, 311, 475, 264, 311, 413],
       "finish_reason": "length",
-      "margins": [6.852106807505928, 0.8062777822463456, 0.14989507466844998, 4.3682310744079516, 2.8214174779623846],
-      "runner_up": [519, 277, 360, 65, 413]
+      "margins": [6.852106807505928, 0.8062777822463456, 0.14989507466844998, 4.3682310744079516, 2.8214174779623846, 4.264167011516895, 6.0098059557565096, 0.8136489663253812],
+      "runner_up": [519, 277, 360, 65, 413, 386, 413, 9]
      }
     }
    ]
@@ -519,26 +407,26 @@ PLAN = load_plan(r'''
    "step": "batch",
    "index": 1,
    "epoch": 1,
-   "segment": 8,
+   "segment": 0,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r21",
-     "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16, 475, 264],
-     "max_tokens": 4,
+     "id": "r32",
+     "prompt": [287, 305, 371, 294, 330, 796, 65, 36, 201, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 674, 314, 293, 276, 16],
+     "max_tokens": 12,
      "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
       "adapter_digest": null,
-      "salt": null
+      "salt": "tenant-a"
      },
      "expected": {
-      "output": [345, 201, 2],
+      "output": [683, 65, 357, 345, 201, 2],
       "finish_reason": "eos",
-      "margins": [1.377434263244833, 1.0171370294979543, 0.3137339463669182],
-      "runner_up": [10, 274, 201]
+      "margins": [0.54438165413689, 1.1921733203837324, 0.31681137952095995, 0.3446276543190745, 0.7445780559778754, 0.3302341608019095],
+      "runner_up": [276, 10, 688, 10, 274, 201]
      }
     }
    ]

@@ -5,8 +5,9 @@ Exported by `kvparity export reports/fault-zoo/witnesses/hit_uncapped.json`. It 
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "hit_uncapped"}. Steps (from a cold cache):
-  1. batch 0: r2: 16-token prompt, max_tokens 1 -> expected [16]
-  2. batch 1: r3: 16-token prompt, max_tokens 1 -> expected [16]
+  1. configure block_size=4, num_blocks=16, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  2. batch 0: r41: 4-token prompt, max_tokens 1, salt tenant-a -> expected [75]
+  3. batch 1: r43: 4-token prompt, max_tokens 1, salt tenant-a -> expected [75]
 
 Run:  python reproducers/fault-zoo/hit_uncapped.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -376,29 +377,42 @@ PLAN = load_plan(r'''
  },
  "steps": [
   {
+   "step": "configure",
+   "config": {
+    "block_size": 4,
+    "num_blocks": 16,
+    "enable_prefix_cache": true,
+    "drafter": "ngram",
+    "k": 5,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
    "step": "batch",
    "index": 0,
    "epoch": 1,
-   "segment": 0,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r2",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "id": "r41",
+     "prompt": [277, 294, 75, 364],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
       "adapter_digest": null,
-      "salt": null
+      "salt": "tenant-a"
      },
      "expected": {
-      "output": [16],
+      "output": [75],
       "finish_reason": "length",
-      "margins": [1.0739155913357141],
-      "runner_up": [17]
+      "margins": [2.966803101007212],
+      "runner_up": [85]
      }
     }
    ]
@@ -407,26 +421,26 @@ PLAN = load_plan(r'''
    "step": "batch",
    "index": 1,
    "epoch": 1,
-   "segment": 0,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r3",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
+     "id": "r43",
+     "prompt": [277, 294, 75, 364],
      "max_tokens": 1,
      "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
       "adapter_digest": null,
-      "salt": null
+      "salt": "tenant-a"
      },
      "expected": {
-      "output": [16],
+      "output": [75],
       "finish_reason": "length",
-      "margins": [1.0739155913357141],
-      "runner_up": [17]
+      "margins": [2.966803101007212],
+      "runner_up": [85]
      }
     }
    ]

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/incomplete_block_cached
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "incomplete_block_cached"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=24, max_batch=64
-  2. batch 0: r2: 35-token prompt, max_tokens 4 -> expected [11, 201, 201, 462]; r3: 17-token prompt, max_tokens 2, adapter rot13 -> expected [11, 265]
+  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=1, chunk_size=13, token_budget=24, max_batch=64
+  2. batch 0: r13: 24-token prompt, max_tokens 2, revision b, adapter upper, salt tenant-a -> expected [265, 317]; r15: 14-token prompt, max_tokens 2, revision b, adapter upper, salt tenant-a -> expected [201, 201]; r16: 17-token prompt, max_tokens 1, adapter upper, salt tenant-a -> expected [265]
 
 Run:  python reproducers/fault-zoo/incomplete_block_cached.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -382,8 +382,8 @@ PLAN = load_plan(r'''
     "num_blocks": 4,
     "enable_prefix_cache": true,
     "drafter": "none",
-    "k": 3,
-    "chunk_size": null,
+    "k": 1,
+    "chunk_size": 13,
     "token_budget": 24,
     "max_batch": 64
    }
@@ -397,39 +397,57 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r2",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26, 31, 24],
-     "max_tokens": 4,
-     "stop_ids": [],
-     "identity": {
-      "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": null
-     },
-     "expected": {
-      "output": [11, 201, 201, 462],
-      "finish_reason": "length",
-      "margins": [0.6113387235627865, 0.07968207845166475, 1.6483018547809642, 0.44035919077894015],
-      "runner_up": [18, 433, 30, 5]
-     }
-    },
-    {
-     "id": "r3",
-     "prompt": [20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26, 31, 24],
+     "id": "r13",
+     "prompt": [49, 33, 50, 48, 51, 17, 48, 8, 42, 51, 11, 45, 28, 33, 25, 47, 11, 35, 9, 12, 6, 12, 16, 12],
      "max_tokens": 2,
      "stop_ids": [],
      "identity": {
-      "revision": "a",
-      "adapter": "rot13",
+      "revision": "b",
+      "adapter": "upper",
       "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
-      "salt": null
+      "salt": "tenant-a"
      },
      "expected": {
-      "output": [11, 265],
+      "output": [265, 317],
       "finish_reason": "length",
-      "margins": [0.28300821321060177, 0.7515193690811675],
-      "runner_up": [14, 201]
+      "margins": [0.32415331638558786, 0.11590850879509329],
+      "runner_up": [274, 223]
+     }
+    },
+    {
+     "id": "r15",
+     "prompt": [49, 33, 50, 48, 51, 17, 48, 8, 42, 51, 11, 45, 28, 33],
+     "max_tokens": 2,
+     "stop_ids": [],
+     "identity": {
+      "revision": "b",
+      "adapter": "upper",
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "salt": "tenant-a"
+     },
+     "expected": {
+      "output": [201, 201],
+      "finish_reason": "length",
+      "margins": [0.9880641897502933, 2.1883117107713597],
+      "runner_up": [287, 62]
+     }
+    },
+    {
+     "id": "r16",
+     "prompt": [49, 33, 50, 48, 51, 17, 48, 8, 42, 51, 11, 45, 28, 33, 25, 47, 11],
+     "max_tokens": 1,
+     "stop_ids": [],
+     "identity": {
+      "revision": "a",
+      "adapter": "upper",
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "salt": "tenant-a"
+     },
+     "expected": {
+      "output": [265],
+      "finish_reason": "length",
+      "margins": [0.3321550174124468],
+      "runner_up": [287]
      }
     }
    ]

@@ -5,14 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/provisional_blocks_leak
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "provisional_blocks_leaked"}. Steps (from a cold cache):
-  1. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=13, token_budget=24, max_batch=64
-  2. batch 0: r2: 17-token prompt, max_tokens 12, adapter rot13, salt tenant-a -> expected [39, 39, 11, 201, 201, 54, 42, 65, 54, 42, 39, 10]
-  3. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=draft, k=1, chunk_size=13, token_budget=24, max_batch=64
-  4. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=ngram, k=1, chunk_size=13, token_budget=24, max_batch=64
-  5. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=oracle, k=5, chunk_size=13, token_budget=24, max_batch=64
-  6. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=adversarial, k=5, chunk_size=13, token_budget=24, max_batch=64
-  7. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=draft, k=5, chunk_size=13, token_budget=24, max_batch=64
-  8. configure block_size=32, num_blocks=2, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=13, token_budget=24, max_batch=64
+  1. configure block_size=4, num_blocks=64, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  2. batch 0: r17: 1-token prompt, max_tokens 2, stop [46], revision b, adapter upper, salt rot13 -> expected [82, 82]
 
 Run:  python reproducers/fault-zoo/provisional_blocks_leaked.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,13 +378,13 @@ PLAN = load_plan(r'''
   {
    "step": "configure",
    "config": {
-    "block_size": 32,
-    "num_blocks": 2,
+    "block_size": 4,
+    "num_blocks": 64,
     "enable_prefix_cache": true,
-    "drafter": "adversarial",
+    "drafter": "ngram",
     "k": 5,
-    "chunk_size": 13,
-    "token_budget": 24,
+    "chunk_size": null,
+    "token_budget": 4096,
     "max_batch": 64
    }
   },
@@ -399,106 +393,28 @@ PLAN = load_plan(r'''
    "index": 0,
    "epoch": 1,
    "segment": 1,
-   "hit_floor": 32,
+   "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r2",
-     "prompt": [9, 23, 33, 24, 9, 40, 9, 6, 29, 21, 6, 31, 43, 45, 51, 40, 36],
-     "max_tokens": 12,
-     "stop_ids": [],
+     "id": "r17",
+     "prompt": [34],
+     "max_tokens": 2,
+     "stop_ids": [46],
      "identity": {
-      "revision": "a",
-      "adapter": "rot13",
-      "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
-      "salt": "tenant-a"
+      "revision": "b",
+      "adapter": "upper",
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "salt": "rot13"
      },
      "expected": {
-      "output": [39, 39, 11, 201, 201, 54, 42, 65, 54, 42, 39, 10],
+      "output": [82, 82],
       "finish_reason": "length",
-      "margins": [0.006394546842749094, 0.03758269097910194, 0.26016508452662457, 0.08017536894035349, 0.35253831234089006, 0.22951265637664076, 0.7604645610648024, 0.5730320252886782, 0.014280244536754694, 0.265161357905237, 0.6416178299049111, 0.044799691527979135],
-      "runner_up": [55, 11, 48, 265, 54, 5, 40, 43, 37, 52, 43, 52]
+      "margins": [0.7527427793344001, 2.103194893717995],
+      "runner_up": [68, 16]
      }
     }
    ]
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 32,
-    "num_blocks": 2,
-    "enable_prefix_cache": true,
-    "drafter": "draft",
-    "k": 1,
-    "chunk_size": 13,
-    "token_budget": 24,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 32,
-    "num_blocks": 2,
-    "enable_prefix_cache": true,
-    "drafter": "ngram",
-    "k": 1,
-    "chunk_size": 13,
-    "token_budget": 24,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 32,
-    "num_blocks": 2,
-    "enable_prefix_cache": true,
-    "drafter": "oracle",
-    "k": 5,
-    "chunk_size": 13,
-    "token_budget": 24,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 32,
-    "num_blocks": 2,
-    "enable_prefix_cache": true,
-    "drafter": "adversarial",
-    "k": 5,
-    "chunk_size": 13,
-    "token_budget": 24,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 32,
-    "num_blocks": 2,
-    "enable_prefix_cache": true,
-    "drafter": "draft",
-    "k": 5,
-    "chunk_size": 13,
-    "token_budget": 24,
-    "max_batch": 64
-   }
-  },
-  {
-   "step": "configure",
-   "config": {
-    "block_size": 32,
-    "num_blocks": 2,
-    "enable_prefix_cache": true,
-    "drafter": "ngram",
-    "k": 5,
-    "chunk_size": 13,
-    "token_budget": 24,
-    "max_batch": 64
-   }
   }
  ],
  "engine": {

@@ -5,8 +5,9 @@ Exported by `kvparity export reports/fault-zoo/witnesses/reload_stale_on_lookup.
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "reload_stale_on_lookup"}. Steps (from a cold cache):
-  1. batch 0: r4: 16-token prompt, max_tokens 1, adapter rot13 -> expected [223]
-  2. batch 1: r8: 17-token prompt, max_tokens 1, adapter rot13 -> expected [12]
+  1. configure block_size=4, num_blocks=64, enable_prefix_cache=True, drafter=ngram, k=5, chunk_size=None, token_budget=4096, max_batch=64
+  2. batch 0: r10: 4-token prompt, max_tokens 10, stop [5], revision b, adapter upper, salt rot13 -> expected [37, 45, 39, 59, 48, 39, 59, 48, 39, 54]
+  3. batch 1: r17: 5-token prompt, max_tokens 2, stop [46], revision b, adapter upper, salt rot13 -> expected [223, 523]
 
 Run:  python reproducers/fault-zoo/reload_stale_on_lookup.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -376,29 +377,42 @@ PLAN = load_plan(r'''
  },
  "steps": [
   {
+   "step": "configure",
+   "config": {
+    "block_size": 4,
+    "num_blocks": 64,
+    "enable_prefix_cache": true,
+    "drafter": "ngram",
+    "k": 5,
+    "chunk_size": null,
+    "token_budget": 4096,
+    "max_batch": 64
+   }
+  },
+  {
    "step": "batch",
    "index": 0,
    "epoch": 1,
-   "segment": 0,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r4",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 1,
-     "stop_ids": [],
+     "id": "r10",
+     "prompt": [34, 13, 42, 27],
+     "max_tokens": 10,
+     "stop_ids": [5],
      "identity": {
-      "revision": "a",
-      "adapter": "rot13",
+      "revision": "b",
+      "adapter": "upper",
       "adapter_digest": "62ba2cf303dd9b33be7d1fc3ff22874c43baa18fe3bed6071c5af795bf78b572",
-      "salt": null
+      "salt": "rot13"
      },
      "expected": {
-      "output": [223],
+      "output": [37, 45, 39, 59, 48, 39, 59, 48, 39, 54],
       "finish_reason": "length",
-      "margins": [0.15583520025054565],
-      "runner_up": [21]
+      "margins": [0.4322049021714385, 2.026114133126537, 1.285695354726407, 0.553044062597186, 0.3436905570527653, 0.5622467869211931, 0.4267147068275934, 0.020475908628591277, 0.8194396173021268, 0.29654625814226065],
+      "runner_up": [11, 40, 20, 63, 54, 54, 54, 54, 54, 39]
      }
     }
    ]
@@ -407,26 +421,26 @@ PLAN = load_plan(r'''
    "step": "batch",
    "index": 1,
    "epoch": 1,
-   "segment": 0,
+   "segment": 1,
    "hit_floor": 17,
    "caching_off": false,
    "requests": [
     {
-     "id": "r8",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10],
-     "max_tokens": 1,
-     "stop_ids": [],
+     "id": "r17",
+     "prompt": [34, 13, 42, 27, 39],
+     "max_tokens": 2,
+     "stop_ids": [46],
      "identity": {
-      "revision": "a",
-      "adapter": "rot13",
+      "revision": "b",
+      "adapter": "upper",
       "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
-      "salt": null
+      "salt": "rot13"
      },
      "expected": {
-      "output": [12],
+      "output": [223, 523],
       "finish_reason": "length",
-      "margins": [0.3113587946677434],
-      "runner_up": [18]
+      "margins": [0.16522998172945957, 0.9842135855713758],
+      "runner_up": [201, 83]
      }
     }
    ]

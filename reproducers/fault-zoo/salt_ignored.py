@@ -5,7 +5,7 @@ Exported by `kvparity export reports/fault-zoo/witnesses/salt_ignored.json`. It 
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "salt_ignored"}. Steps (from a cold cache):
-  1. batch 0: r2: 16-token prompt, max_tokens 1 -> expected [16]
+  1. batch 0: r2: 16-token prompt, max_tokens 2 -> expected [16, 12]
   2. batch 1: r4: 17-token prompt, max_tokens 1, salt tenant-a -> expected [33]
 
 Run:  python reproducers/fault-zoo/salt_ignored.py   (--help lists its options)
@@ -386,7 +386,7 @@ PLAN = load_plan(r'''
     {
      "id": "r2",
      "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12],
-     "max_tokens": 1,
+     "max_tokens": 2,
      "stop_ids": [],
      "identity": {
       "revision": "a",
@@ -395,10 +395,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [16],
+      "output": [16, 12],
       "finish_reason": "length",
-      "margins": [1.0739155913357141],
-      "runner_up": [17]
+      "margins": [1.0739155913357141, 1.541814998147652],
+      "runner_up": [17, 19]
      }
     }
    ]

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/scheduled_blocks_cached
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "scheduled_blocks_cached"}. Steps (from a cold cache):
-  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=3, chunk_size=None, token_budget=24, max_batch=64
-  2. batch 0: r3: 32-token prompt, max_tokens 1 -> expected [308]; r4: 15-token prompt, max_tokens 3 -> expected [16, 18, 17]; r5: 33-token prompt, max_tokens 1, salt tenant-a -> expected [11]
+  1. configure block_size=16, num_blocks=4, enable_prefix_cache=True, drafter=none, k=1, chunk_size=13, token_budget=24, max_batch=64
+  2. batch 0: r13: 1-token prompt, max_tokens 2, revision b, adapter upper, salt tenant-a -> expected [85, 16]; r15: 17-token prompt, max_tokens 2, revision b, adapter upper, salt tenant-a -> expected [201, 201]; r16: 17-token prompt, max_tokens 1, adapter upper, salt tenant-a -> expected [265]
 
 Run:  python reproducers/fault-zoo/scheduled_blocks_cached.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -382,8 +382,8 @@ PLAN = load_plan(r'''
     "num_blocks": 4,
     "enable_prefix_cache": true,
     "drafter": "none",
-    "k": 3,
-    "chunk_size": null,
+    "k": 1,
+    "chunk_size": 13,
     "token_budget": 24,
     "max_batch": 64
    }
@@ -397,57 +397,57 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r3",
-     "prompt": [12, 40, 8, 20, 11, 35, 32, 34, 45, 28, 17, 10, 35, 5, 28, 31, 42, 4, 48, 32, 21, 50, 18, 41, 10, 24, 5, 5, 5, 45, 38, 4],
-     "max_tokens": 1,
+     "id": "r13",
+     "prompt": [49],
+     "max_tokens": 2,
      "stop_ids": [],
      "identity": {
-      "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": null
-     },
-     "expected": {
-      "output": [308],
-      "finish_reason": "length",
-      "margins": [0.46708438744866587],
-      "runner_up": [454]
-     }
-    },
-    {
-     "id": "r4",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22],
-     "max_tokens": 3,
-     "stop_ids": [],
-     "identity": {
-      "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
-      "salt": null
-     },
-     "expected": {
-      "output": [16, 18, 17],
-      "finish_reason": "length",
-      "margins": [0.31249491503248006, 0.1719854713062965, 1.2146879793967944],
-      "runner_up": [15, 19, 16]
-     }
-    },
-    {
-     "id": "r5",
-     "prompt": [28, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12, 22, 12, 10, 43, 20, 38, 49, 42, 13, 23, 10, 50, 8, 47, 25, 34, 39, 10, 26],
-     "max_tokens": 1,
-     "stop_ids": [],
-     "identity": {
-      "revision": "a",
-      "adapter": null,
-      "adapter_digest": null,
+      "revision": "b",
+      "adapter": "upper",
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
       "salt": "tenant-a"
      },
      "expected": {
-      "output": [11],
+      "output": [85, 16],
       "finish_reason": "length",
-      "margins": [0.6050638447402719],
-      "runner_up": [454]
+      "margins": [1.0048750858445432, 0.7401409522976294],
+      "runner_up": [65, 74]
+     }
+    },
+    {
+     "id": "r15",
+     "prompt": [49, 33, 50, 48, 51, 17, 48, 8, 42, 51, 11, 45, 28, 33, 25, 47, 11],
+     "max_tokens": 2,
+     "stop_ids": [],
+     "identity": {
+      "revision": "b",
+      "adapter": "upper",
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "salt": "tenant-a"
+     },
+     "expected": {
+      "output": [201, 201],
+      "finish_reason": "length",
+      "margins": [0.7129897838391237, 3.2721073024499123],
+      "runner_up": [287, 74]
+     }
+    },
+    {
+     "id": "r16",
+     "prompt": [49, 33, 50, 48, 51, 17, 48, 8, 42, 51, 11, 45, 28, 33, 25, 47, 11],
+     "max_tokens": 1,
+     "stop_ids": [],
+     "identity": {
+      "revision": "a",
+      "adapter": "upper",
+      "adapter_digest": "c59ba687972fe778900012c673918406124f5e1b19c3de3625a3bc19d2929dad",
+      "salt": "tenant-a"
+     },
+     "expected": {
+      "output": [265],
+      "finish_reason": "length",
+      "margins": [0.3321550174124468],
+      "runner_up": [287]
      }
     }
    ]

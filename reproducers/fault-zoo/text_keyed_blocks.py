@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/text_keyed_blocks.json`
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "text_keyed_blocks"}. Steps (from a cold cache):
-  1. batch 0: r3: 16-token prompt, max_tokens 1, stop [4] -> expected [55]
-  2. batch 1: r4: 17-token prompt, max_tokens 1, stop [4] -> expected [16]
+  1. batch 0: r3: 16-token prompt, max_tokens 1 -> expected [287]
+  2. batch 1: r4: 17-token prompt, max_tokens 1 -> expected [287]
 
 Run:  python reproducers/fault-zoo/text_keyed_blocks.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -385,9 +385,9 @@ PLAN = load_plan(r'''
    "requests": [
     {
      "id": "r3",
-     "prompt": [28, 269, 81, 80, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36],
+     "prompt": [263, 85, 71, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28],
      "max_tokens": 1,
-     "stop_ids": [4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -395,10 +395,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [55],
+      "output": [287],
       "finish_reason": "length",
-      "margins": [0.027083060831419203],
-      "runner_up": [49]
+      "margins": [0.611711632594508],
+      "runner_up": [265]
      }
     }
    ]
@@ -413,9 +413,9 @@ PLAN = load_plan(r'''
    "requests": [
     {
      "id": "r4",
-     "prompt": [28, 81, 80, 269, 30, 6, 20, 36, 35, 29, 23, 34, 26, 41, 17, 36, 12],
+     "prompt": [85, 71, 263, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 28],
      "max_tokens": 1,
-     "stop_ids": [4],
+     "stop_ids": [],
      "identity": {
       "revision": "a",
       "adapter": null,
@@ -423,10 +423,10 @@ PLAN = load_plan(r'''
       "salt": null
      },
      "expected": {
-      "output": [16],
+      "output": [287],
       "finish_reason": "length",
-      "margins": [1.4534960286754783],
-      "runner_up": [11]
+      "margins": [0.6233302914608627],
+      "runner_up": [265]
      }
     }
    ]

@@ -5,8 +5,8 @@ Exported by `kvparity export reports/fault-zoo/witnesses/tf32_hit_logits.json`. 
 the reference engine: the `reference_engine` package with its checkpoints (from a kvparity checkout:
 PYTHONPATH=<checkout>) and what it needs (torch, attrs, safetensors, tokenizers).
 Witness engine arguments: {"fault": "tf32_hit_logits"}. Steps (from a cold cache):
-  1. batch 0: r9: 16-token prompt, max_tokens 5 -> expected [516, 72, 70, 274, 305]
-  2. batch 1: r11: 24-token prompt, max_tokens 1 -> expected [524]
+  1. batch 0: r2: 16-token prompt, max_tokens 5 -> expected [516, 72, 70, 274, 305]
+  2. batch 1: r4: 24-token prompt, max_tokens 1 -> expected [524]
 
 Run:  python reproducers/fault-zoo/tf32_hit_logits.py   (--help lists its options)
 Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still
@@ -384,7 +384,7 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r9",
+     "id": "r2",
      "prompt": [350, 388, 65, 568, 85, 178, 204, 458, 84, 154, 392, 53, 79, 311, 277, 126],
      "max_tokens": 5,
      "stop_ids": [],
@@ -412,7 +412,7 @@ PLAN = load_plan(r'''
    "caching_off": false,
    "requests": [
     {
-     "id": "r11",
+     "id": "r4",
      "prompt": [350, 388, 65, 568, 85, 178, 204, 458, 84, 154, 392, 53, 79, 311, 277, 126, 880, 991, 6, 85, 16, 41, 432, 273],
      "max_tokens": 1,
      "stop_ids": [],

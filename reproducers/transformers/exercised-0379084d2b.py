@@ -486,7 +486,7 @@ PLAN = load_plan(r'''
      "expected": {
       "output": [55],
       "finish_reason": "length",
-      "margins": [0.5448943313209886],
+      "margins": [0.5448943313209895],
       "runner_up": [50]
      }
     },
@@ -532,7 +532,7 @@ PLAN = load_plan(r'''
      "expected": {
       "output": [55],
       "finish_reason": "stop",
-      "margins": [0.5448943313209886],
+      "margins": [0.5448943313209895],
       "runner_up": [50]
      }
     }
@@ -560,7 +560,7 @@ PLAN = load_plan(r'''
      "expected": {
       "output": [55],
       "finish_reason": "length",
-      "margins": [0.5448943313209886],
+      "margins": [0.5448943313209895],
       "runner_up": [50]
      }
     }
