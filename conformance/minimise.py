@@ -113,16 +113,10 @@ def _minimise(new_engine: Callable[[], Engine], caps: Capabilities, check: str, 
 
 
 def span(steps: Sequence[Step], default_block_size: int) -> tuple[int, int, int, int]:
-    """(blocks the longest prompt touches, then `size`): how witnesses from different starting points
-    compare. A bug that needs three blocks is a different, bigger story than one that needs two, however
-    the tokens add up."""
-    block_size, touched = default_block_size, 0
-    for step in steps:
-        if isinstance(step, Configure):
-            block_size = config_block_size(step.config, default_block_size)
-        elif isinstance(step, Batch):
-            touched = max([touched] + [math.ceil(len(q.prompt) / block_size) for q in step.items])
-    return (touched, *size(steps))
+    """(blocks the longest prompt touches, in the block size its batch ran with, then `size`): how
+    witnesses from different starting points compare. A bug that needs three blocks is a different,
+    bigger story than one that needs two, however the tokens add up."""
+    return (math.ceil(witness_size(steps, default_block_size)[1]), *size(steps))
 
 
 def minimise_from(new_engine: Callable[[], Engine], caps: Capabilities, check: str,

@@ -267,17 +267,23 @@ def block_after_other_prefix(h: History) -> int:
     requiring it would turn a clean run inconclusive."""
     n = 0
     for batches in _epochs(h):
-        sent: list = []  # (identity, prompt) of the epoch's earlier batches
+        sent: list = []  # (identity, prompt, its blocks) of the epoch's earlier batches
         for b in batches:
             bs = _block(h, b)
             for q in b.requests:
-                mine = [(p, _blocks(p, bs)) for ident, p in sent if ident == q.identity]
+                mine = [(p, blocks) for ident, p, blocks in sent if ident == q.identity]
                 reach = max((lcp(q.prompt, p) // bs for p, _ in mine), default=0)
-                blocks = _blocks(q.prompt, bs)
-                n += any(blk == theirs[j] and q.prompt[:i * bs] != p[:j * bs]
-                         for i, blk in enumerate(blocks[:reach + 1]) for p, theirs in mine for j in range(len(theirs)))
-            sent.extend((p.identity, p.prompt) for p in b.requests)
+                n += any(_after_other_prefix(q.prompt, i, blk, mine, bs)
+                         for i, blk in enumerate(_blocks(q.prompt, bs)[:reach + 1]))
+            sent.extend((p.identity, p.prompt, _blocks(p.prompt, bs)) for p in b.requests)
     return n
+
+
+def _after_other_prefix(prompt: tuple, i: int, block: tuple, earlier: list, bs: int) -> bool:
+    """Whether block `i` of `prompt` has the tokens of some earlier prompt's block j sent after another
+    prefix than `prompt[:i * bs]`."""
+    return any(block == theirs and prompt[:i * bs] != p[:j * bs]
+               for p, blocks in earlier for j, theirs in enumerate(blocks))
 
 
 # -- inputs that only a careless key confuses --------------------------------------------------------
