@@ -240,22 +240,20 @@ def minimise_failures(outcome: Any, new_engine: Callable[[], Any], timeout_s: fl
                       engine: str | None = None) -> dict[str, str]:
     """Minimise one witness per failed check, from the witness (the shrunk example) and from the run's
     first example that failed the check; check -> the line saying what came of it."""
-    from conformance.analysis import failing_examples
     from conformance.history import load
     from conformance.strategies import step_from_json
 
     minimised: dict[str, str] = {}
     try:
-        failing = list(failing_examples(load(outcome.run_dir / "history.jsonl"),
-                                         sorted({f.check for f in outcome.analysis.failures})))
+        examples = {ex.index: ex for ex in load(outcome.run_dir / "history.jsonl").examples}
     except (OSError, ValueError):  # the history is unreadable: minimise from the witness files alone
-        failing = []
+        examples = {}
     for f in outcome.analysis.failures:
         witness = outcome.run_dir / "witnesses" / (f.case_id + ".json")
         if f.check not in minimised and witness.is_file():
-            first = next(([step_from_json(s) for s in ex.steps()] for ex, checks in failing if f.check in checks), None)
-            minimised[f.check] = line = minimise_line(witness, new_engine, timeout_s, engine,
-                                                      also=[first] if first else [])
+            first = examples.get(outcome.first_failing.get(f.check, -1))
+            also = [[step_from_json(s) for s in first.steps()]] if first else []
+            minimised[f.check] = line = minimise_line(witness, new_engine, timeout_s, engine, also=also)
             print(f"  minimised [{f.check}]: {line}")
     return minimised
 

@@ -218,6 +218,7 @@ class RunOutcome:
     interrupted: bool = False  # the user stopped it (Ctrl-C): exit 130, the report says so
     abandoned: bool = False  # an engine call hung and its thread was left behind
     report_error: str | None = None  # the report files could not be written (disk full)
+    first_failing: dict[str, int] = attrs.Factory(dict)  # check -> the first example that failed it
 
     @property
     def verdict(self) -> str:
@@ -280,6 +281,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     sink = builder.feed if progress is None else (lambda ev: (builder.feed(ev), progress.event(ev)))
     writer = HistoryWriter(run_dir / "history.jsonl", sink=sink)
     known: dict[int, dict[str, Any]] = {}  # example -> check -> result, computed once while running
+    first_failing: dict[str, int] = {}  # check -> its first failing example (`kvparity run --minimise` starts there too)
     example_scoped = [n for n in names if CHECKS[n].scope == "example"]
     examples = 0
     interrupted = False
@@ -319,6 +321,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
             failures = failures_of(verdicts)
             if progress is not None:
                 progress.example(examples, (f.check for f in failures))
+            for f in failures:
+                first_failing.setdefault(f.check, example.index)
             if failures:
                 raise ConformanceFailure(failures)
 
@@ -354,7 +358,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     if writer.write_error and writer.write_error not in history.errors:
         history.errors.append(writer.write_error)
     analysis = analyse(history, names, known)
-    outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned)
+    outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned,
+                         first_failing=first_failing)
     try:
         decode = None if calls.abandoned else getattr(engine, "decode", None)  # a hung engine is not asked again
         write_report(run_dir, history, analysis, duration_s=outcome.duration_s, decode=decode)

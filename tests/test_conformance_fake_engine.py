@@ -96,3 +96,14 @@ def test_state_machine_passes_clean_fake_and_catches_a_leak():
     with pytest.raises(ConformanceFailure):
         run_state_machine_as_test(session_machine(FakeDictEngine(bug="wrong_after_hit")),
                                   settings=settings(fast, max_examples=50))
+
+
+def test_a_run_remembers_the_first_example_each_check_failed_where_shrinking_ends_later(tmp_path):
+    """`kvparity run --minimise` starts from it too: shrinking replays smaller failing examples after it,
+    and the reported witness is the last of them."""
+    outcome = run(tmp_path, bug="salt_leak", shrink=True, checks=["isolation"])
+    assert outcome.verdict == "fail"
+    (witness,) = [f for f in outcome.analysis.failures if f.check == "isolation"]
+    assert outcome.first_failing["isolation"] < witness.example
+    clean = run(tmp_path / "clean", checks=["isolation"])
+    assert clean.first_failing == {}
