@@ -93,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--engine", default=None,
                         help="adapter to replay on (none: the registered engine the witness names); the only way "
                              "to replay on an unregistered module:Class adapter")
-    replay.add_argument("--engine-arg", action="append", default=[], metavar="K=V", help="override an adapter argument")
+    replay.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
+                        help="override an adapter argument; a witness may only name loopback hosts (base_url=...), "
+                             "so another machine is reached by naming it here")
     replay.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                         help="seconds per engine call before it counts as hung")
 

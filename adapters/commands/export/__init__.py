@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default=None, choices=list(EXPORTERS),
                    help="engine to write it for (default: the engine the witness names)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
-                   help="override an engine argument of the witness (e.g. fault=none), or give one for --engine")
+                   help="override an engine argument of the witness (e.g. fault=none), or give one for --engine; "
+                        "a witness may only name loopback hosts, another machine is named here")
     return p
 
 
