@@ -93,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--engine", default=None,
                         help="adapter to replay on (none: the registered engine the witness names); the only way "
                              "to replay on an unregistered module:Class adapter")
-    replay.add_argument("--engine-arg", action="append", default=[], metavar="K=V", help="override an adapter argument")
+    replay.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
+                        help="override an adapter argument; a witness may only name loopback hosts (base_url=...), "
+                             "so another machine is reached by naming it here")
     replay.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                         help="seconds per engine call before it counts as hung")
 
@@ -282,12 +284,15 @@ def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, A
     user names it with --engine."""
     from conformance.registry import known_engines
     from conformance.strategies import step_from_json
+    from conformance.untrusted import read_json
 
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path, "witness")
         version = data.get("kvparity_witness")
         named, check, raw_steps = data["engine"], data["check"], data["steps"]
         args = data.get("engine_args") or {}
+    except UsageError:
+        raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"not a kvparity witness file: {path} ({exc})") from exc
     if version != WITNESS_VERSION:
@@ -318,13 +323,17 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
     from conformance import validation
     from conformance.calls import EngineCalls
     from conformance.runner import replay
+    from conformance.strategies import Configure
+    from conformance.untrusted import check_configs, refuse_remote_hosts
 
     name, witness_args, check, steps = read_witness(path, engine)
+    refuse_remote_hosts(witness_args, engine_args or {}, str(path))  # before anything connects
     args = {**witness_args, **(engine_args or {})}
     instance = build_engine(name, args, timeout_s)
     calls = EngineCalls(timeout_s)
     try:
         caps = validation.capabilities(calls(instance.capabilities, "capabilities"))
+        check_configs([s.config for s in steps if isinstance(s, Configure)], caps.config_space, str(path))
         result, crashed = replay(instance, caps, steps, "parity" if check == "error" else check, calls=calls)
     except EngineError as exc:  # capabilities() itself failed
         return "ERROR", 3, str(exc)
@@ -361,7 +370,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(f"no history.jsonl in {run_dir}")
     try:
         history = load(history_path)
-    except NotAHistory as exc:
+    except (NotAHistory, UsageError) as exc:  # UsageError: too big, too deep, configurations off the space
         raise UsageError(str(exc)) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{history_path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Mapping
 import attrs
 from attrs import define, field, frozen
 
+from conformance import untrusted
 from conformance.contract import Baseline, Capabilities, Identity, Request, Result
 
 # --------------------------------------------------------------------------- value encoding
@@ -136,7 +137,7 @@ def _current_key(key: str) -> str:
     """Histories written before keys were reprs stored them as JSON lists; read them as today's."""
     if not key.startswith("["):
         return key
-    revision, adapter, digest, prompt, max_tokens, stop_ids = json.loads(key)
+    revision, adapter, digest, prompt, max_tokens, stop_ids = untrusted.loads(key, "a baseline key")
     return repr((revision, adapter, digest, tuple(int(t) for t in prompt), int(max_tokens),
                  tuple(int(t) for t in stop_ids)))
 
@@ -228,14 +229,14 @@ def read_events(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], lis
     path = Path(path)
     events: list[dict[str, Any]] = []
     problems: list[str] = []
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        lines = fh.read().split("\n")
+    text = untrusted.read_capped(path, untrusted.MAX_HISTORY_BYTES, "history", errors="replace")
+    lines = (text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text).split("\n")
     torn_at = len(lines) if lines and lines[-1] else None  # the last line has no newline
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            ev = json.loads(line)
+            ev = untrusted.loads(line, f"{path} line {number}")  # too deep: refused, one line
         except json.JSONDecodeError:
             ev = None
         if not isinstance(ev, dict) or not isinstance(ev.get("event"), str):
@@ -250,6 +251,7 @@ def read_events(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], lis
         raise NotAHistory(f"{path} is empty: not a kvparity history")
     if not events or events[0]["event"] != "run_start":
         raise NotAHistory(f"{path} does not start with a run_start event: not a kvparity history")
+    untrusted.check_history_configs(events, str(path))
     return events, problems
 
 

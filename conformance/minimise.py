@@ -33,6 +33,7 @@ from conformance.contract import Capabilities, Engine
 from conformance.history import capabilities_from
 from conformance.runner import replay
 from conformance.strategies import MAX_NEW, Batch, Configure, Step, step_from_json, step_to_json
+from conformance.untrusted import read_json
 
 
 # Lengths around the usual block sizes (4, 16, 32): a hit needs a full block plus one token.
@@ -139,7 +140,7 @@ def minimise_witness_file(path: str | Path, new_engine: Callable[[], Engine], *,
     original stays: it is what the run saw). `also`: further starting points, such as the run's first
     failing example of the same check. None when nothing smaller still fails."""
     path = Path(path)
-    data = json.loads(path.read_text())
+    data = read_json(path, "witness")
     steps = [step_from_json(s) for s in data["steps"]]
     caps = capabilities_from(data["capabilities"])
     small = minimise_from(new_engine, caps, data["check"], [steps, *also],
@@ -219,7 +220,7 @@ def _keep_length_modulo_block(steps: list[Step], default_block_size: int):
 def witness_steps(path: str | Path) -> list[Step]:
     """The steps of a witness file, for measuring it (`kvparity replay` reads a file through
     `cli.read_witness`, which also checks what it names before anything runs)."""
-    return [step_from_json(s) for s in json.loads(Path(path).read_text())["steps"]]
+    return [step_from_json(s) for s in read_json(path, "witness")["steps"]]
 
 
 def witness_size(steps: Sequence[Step], default_block_size: int) -> tuple[int, float, int]:

@@ -25,7 +25,6 @@ Pure functions over data (a history, a calibration file); imports no engine.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -33,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from attrs import frozen
 
 from conformance.contract import UsageError
+from conformance.untrusted import read_json
 
 CALIBRATION_VERSION = 1
 ALPHA = 0.01
@@ -152,7 +152,7 @@ class Calibration:
 def load_calibration(path: str | Path) -> Calibration:
     """A file `kvparity calibrate` wrote; anything else is a one-line UsageError."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path, "calibration")
         if data.get("kvparity_calibration") != CALIBRATION_VERSION:
             raise ValueError(f"format version {data.get('kvparity_calibration')!r}, this kvparity reads "
                              f"{CALIBRATION_VERSION}")

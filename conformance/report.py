@@ -25,6 +25,7 @@ from conformance.report_coverage import blocks as coverage_blocks
 from conformance.report_doc import Block, Bullets, Cell, Figure, Heading, Para, Section, Table, page, to_md
 from conformance.report_story import blocks as story_blocks
 from conformance.report_story import decode_texts, story, text_key
+from conformance.untrusted import read_json
 from conformance.verdicts import Failure
 
 
@@ -243,7 +244,7 @@ def junit_xml(results: Mapping[str, Any]) -> str:
 def previous_results(run_dir: Path) -> dict[str, Any]:
     """The CARRIED values of the results.json already in `run_dir` (none if absent or unreadable)."""
     try:
-        old = json.loads((Path(run_dir) / "results.json").read_text())
+        old = read_json(Path(run_dir) / "results.json", "results file")
     except (OSError, ValueError):
         return {}
     return {k: old[k] for k in CARRIED if isinstance(old, dict) and old.get(k) is not None}
@@ -257,7 +258,7 @@ def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) 
     for e in analysis.errors:
         print(f"ERROR: {e}")
     try:
-        findings = json.loads((Path(run_dir) / "results.json").read_text()).get("findings")
+        findings = read_json(Path(run_dir) / "results.json", "results file").get("findings")
     except (OSError, ValueError, AttributeError):
         findings = None
     if not findings:

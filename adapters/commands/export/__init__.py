@@ -116,6 +116,7 @@ def export(witness: str | os.PathLike, out: str | os.PathLike, engine: str | Non
     override the witness's engine arguments (for another engine, they are its only ones)."""
     from adapters.commands.export import plan as plans
     from conformance.cli import read_witness
+    from conformance.untrusted import refuse_remote_hosts
 
     raw = plans.witness_json(Path(witness))
     named = raw.get("engine")
@@ -124,6 +125,7 @@ def export(witness: str | os.PathLike, out: str | os.PathLike, engine: str | Non
     _, args, check, steps = read_witness(witness, None if engine is None or engine == named else engine)
     if target != named:
         args = {}  # the witness's engine arguments belong to its own engine
+    refuse_remote_hosts(args, engine_args or {}, str(witness))  # the script would send traffic there
     args = {**args, **(engine_args or {})}
     out = Path(out)
     params = plans.build(witness, exporter, str(target), str(named), args, check, steps)
@@ -146,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default=None, choices=list(EXPORTERS),
                    help="engine to write it for (default: the engine the witness names)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
-                   help="override an engine argument of the witness (e.g. fault=none), or give one for --engine")
+                   help="override an engine argument of the witness (e.g. fault=none), or give one for --engine; "
+                        "a witness may only name loopback hosts, another machine is named here")
     return p
 
 

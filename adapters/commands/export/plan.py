@@ -17,19 +17,21 @@ the script's checker (runtime.py) stays a few lines of arithmetic:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping
 
 from conformance.contract import Baseline, Capabilities, Request, UsageError
+from conformance.untrusted import read_json
 
 FORMAT = 1
 
 
 def witness_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, "witness")
+    except UsageError:
+        raise
     except (OSError, ValueError) as exc:
         raise UsageError(f"not a kvparity witness file: {path} ({exc})") from exc
     if not isinstance(data, dict):

@@ -1,0 +1,197 @@
+"""Reading files and values that someone else may have written: witnesses, histories, calibrations.
+
+A witness is sent around in bug reports and a run folder is copied between machines, so kvparity reads
+them as hostile input (issue 26): whatever is in them is refused with one line (a `UsageError`, exit 3)
+before it costs memory, crashes the reader or reaches an engine. What is checked here:
+
+- size: a file is measured before it is read, and at most `cap + 1` bytes are ever read (a file that
+  grows, or a device such as /dev/zero, cannot make the read unbounded). A 1 GB witness used to take
+  3.6 GB of memory to be refused;
+- depth: JSON nested deeper than `MAX_DEPTH` is refused by a scan of its brackets outside strings,
+  *before* `json.loads` recurses (100,000 nested lists were a RecursionError traceback);
+- hosts: engine arguments a witness carries that name a host (`base_url=`, `host=`, any `scheme://`)
+  must name this machine (loopback), else replay traffic would go wherever the file says. The user's own
+  `--engine-arg` for the same name replaces the witness's value and is not checked: the command line
+  is trusted, the file is not;
+- configurations: a `configure` step may only choose values the engine declares in its
+  `config_space`; `pool_tokens=10**12` in a witness made the reference engine allocate for minutes.
+
+The caps fit real use with a wide margin: committed witnesses are tens of KB, a `ci` history about
+1.5 MB per 100 examples (so a `nightly` one, 1000 examples, some 15-20 MB), and nothing kvparity
+writes nests deeper than about ten levels.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import stat
+from itertools import accumulate
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from conformance.contract import UsageError
+
+MIB = 1 << 20
+MAX_WITNESS_BYTES = 16 * MIB  # witnesses, calibrations, results.json: tens to hundreds of KB in use
+MAX_HISTORY_BYTES = 256 * MIB  # a nightly history is ~20 MB; a 10x longer run still fits
+MAX_DEPTH = 100  # kvparity writes ~10 levels; json.loads recurses once per level
+
+# --------------------------------------------------------------------------- size
+
+
+def _too_big(path: Path, what: str, size: int | str, cap: int) -> UsageError:
+    return UsageError(f"{what} {path} is {size} bytes, over the {cap // MIB} MiB a {what} may be; "
+                      f"refused without reading it")
+
+
+def read_capped(path: str | os.PathLike[str], cap: int, what: str, errors: str = "strict") -> str:
+    """The text of `path`, refused (one-line UsageError) when it is not a regular file or is larger
+    than `cap` bytes. The size is checked before reading and the read itself is bounded, so neither a
+    huge file nor one that grows meanwhile is ever held whole. OSError (missing, unreadable) is left to
+    the caller, which knows how to say what the file should have been."""
+    path = Path(path)
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise UsageError(f"{what} {path} is not a regular file")
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > cap:
+            raise _too_big(path, what, size, cap)
+        data = fh.read(cap + 1)
+    if len(data) > cap:
+        raise _too_big(path, what, f"more than {cap}", cap)
+    return data.decode("utf-8", errors=errors)
+
+
+# --------------------------------------------------------------------------- depth
+
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string, escapes included
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def json_depth(text: str, limit: int = MAX_DEPTH) -> int:
+    """How deep the arrays and objects of a JSON text nest (brackets inside strings do not count). A
+    cheap upper bound comes first: with no more openers than `limit`, it cannot nest deeper."""
+    openers = text.count("[") + text.count("{")
+    if openers <= limit:
+        return openers
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def loads(text: str, where: str, max_depth: int = MAX_DEPTH) -> Any:
+    """`json.loads` for untrusted text: nesting deeper than `max_depth` is a one-line UsageError naming
+    `where`, found before the parser recurses. JSON errors stay ValueErrors, for the caller to word."""
+    if json_depth(text, max_depth) > max_depth:
+        raise UsageError(f"{where}: JSON nested deeper than {max_depth} levels; refused (kvparity writes ~10)")
+    try:
+        return json.loads(text)
+    except RecursionError:  # the scan is an upper bound of what the parser meets; belt and braces
+        raise UsageError(f"{where}: JSON nested too deep to read; refused") from None
+
+
+def read_json(path: str | os.PathLike[str], what: str, cap: int = MAX_WITNESS_BYTES) -> Any:
+    """A whole JSON file that someone else may have written, size- and depth-capped."""
+    return loads(read_capped(path, cap, what), str(path))
+
+
+# --------------------------------------------------------------------------- hosts
+
+
+_HOST_KEY = re.compile(r"(^|_)(url|uri|host|hostname|endpoint|addr|address|server_url)$", re.I)
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]*")
+_NETLOC = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::\d{1,5})?$")
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 (an IPv4-mapped loopback too) or the name localhost. Other names are not
+    resolved: a DNS lookup is already traffic, and a name can resolve differently when connecting."""
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def _hosts(key: str, value: str) -> list[str | None]:
+    """The hosts `value` points at (None: cannot tell). URLs anywhere in the value count, and a
+    host-like key's bare value (host[:port]) too."""
+    out: list[str | None] = []
+    for url in _URL.findall(value):
+        netloc = urlsplit(url).netloc
+        m = _NETLOC.match(netloc)  # user@host, odd characters: refused rather than guessed
+        out.append(m.group("host") if m else None)
+    if not out and _HOST_KEY.search(key) and value.strip():
+        m = _NETLOC.match(value.strip().split("/", 1)[0])
+        out.append(m.group("host") if m and not value.strip().startswith("/") else None)
+    return out
+
+
+def refuse_remote_hosts(witness_args: Mapping[str, str], user_args: Mapping[str, str], where: str) -> None:
+    """A witness cannot choose where traffic goes: each of its engine arguments that names a host must
+    name this machine, unless the user gave that argument on the command line (then the user's value
+    is used and the witness's is dropped)."""
+    for key, value in witness_args.items():
+        if key in user_args:
+            continue
+        for host in _hosts(key, str(value)):
+            if host is None or not is_loopback(host):
+                target = "a host it does not name plainly" if host is None else host
+                raise UsageError(f"{where}: engine_args {key}={value!r} would send traffic to {target}, not this "
+                                 f"machine; a witness may only name loopback hosts. To replay there, say so "
+                                 f"yourself: --engine-arg {key}=URL")
+
+
+# --------------------------------------------------------------------------- configurations
+
+
+def _canonical(value: Any) -> str:
+    """A value as the JSON it is written as: a tuple and a list are the same, True and 1 are not."""
+    return json.dumps(value, sort_keys=True)
+
+
+def check_config(config: Mapping[str, Any], space: Mapping[str, Sequence[Any]], where: str) -> None:
+    """Every knob of `config` is declared in `space`, with one of its declared values."""
+    if not isinstance(config, Mapping):
+        raise UsageError(f"{where}: a configure step's config is {type(config).__name__}, not a mapping")
+    for knob, value in config.items():
+        if knob not in space:
+            declared = ", ".join(sorted(space)) or "none"
+            raise UsageError(f"{where}: configure names knob {knob!r}, which the engine does not declare "
+                             f"(its config_space knobs: {declared}); refused before the engine sees it")
+        allowed = space[knob]
+        if not isinstance(allowed, (list, tuple)):
+            raise UsageError(f"{where}: the declared values of knob {knob!r} are not a list")
+        if _canonical(value) not in {_canonical(v) for v in allowed}:
+            shown = _canonical(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise UsageError(f"{where}: configure sets {knob}={shown}, not one of the engine's declared values "
+                             f"({', '.join(_canonical(v) for v in allowed)}); refused before the engine sees it")
+
+
+def check_configs(configs: Iterable[Mapping[str, Any]], space: Mapping[str, Sequence[Any]], where: str) -> None:
+    for config in configs:
+        check_config(config, space, where)
+
+
+def check_history_configs(events: Sequence[Mapping[str, Any]], where: str) -> None:
+    """A history's `config` events against the config_space its own `run_start` declared: the suite
+    only ever draws from that space, so anything else was written by someone else."""
+    caps = events[0].get("capabilities") if events else None
+    if not isinstance(caps, Mapping):
+        return  # no declared space to hold the configurations to (a session's events)
+    space = caps.get("config_space") or {}
+    if not isinstance(space, Mapping):
+        raise UsageError(f"{where}: run_start's config_space is not a mapping")
+    for number, ev in enumerate(events):
+        if ev.get("event") == "config":
+            check_config(ev.get("config") or {}, space, f"{where} event {number + 1}")

@@ -1,0 +1,338 @@
+"""Witnesses, histories and calibrations are read as hostile input (issue 26, part 6).
+
+Each probe of /work/shared/probes/reliability-2026-12-03 (main 1621583) is reproduced here: a witness
+whose `base_url` sends replay traffic to any host, a configure step with `pool_tokens=10**12`, a file too
+big to read, and JSON nested 100,000 deep (a RecursionError traceback). Each must now be refused with
+one line and exit 3, before it costs memory or reaches an engine. The FAKE engine (tests/fake_engine.py)
+is the suite's test double; the reference engine and the openai_http adapter are the real ones.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from conformance import untrusted
+from conformance.cli import main
+from conformance.contract import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = "fake_engine:FakeDictEngine"
+DEEP = 100_000
+BATCH = {"step": "batch", "requests": [{"id": "r0", "prompt": [5, 6, 7, 8, 9], "max_tokens": 2}]}
+
+# Every socket connection this process makes while `_CONNECTS` is watching (an audit hook observes the
+# real socket module; nothing is replaced). Hooks cannot be removed, so it records only when asked.
+_CONNECTS: list[tuple] = []
+_WATCHING = [False]
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _WATCHING[0] and event == "socket.connect":
+        _CONNECTS.append(args[1])
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # keep .hypothesis/ out of the repository
+
+
+def witness(tmp_path: Path, name: str = "w.json", **changes) -> Path:
+    data = {"kvparity_witness": 1, "engine": "reference", "engine_args": {}, "check": "parity",
+            "steps": [BATCH], **changes}
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def subprocess_cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`python -m conformance ...` with memory capped at 3 GiB, so a regression fails the test instead of
+    exhausting a machine (the pool_tokens probe grew to 2 GB in 30 s)."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    return subprocess.run([sys.executable, "-m", "conformance", *argv], capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=limit, env=env)
+
+
+# --------------------------------------------------------------------------- where traffic goes
+
+
+class _Listener(http.server.BaseHTTPRequestHandler):
+    """The probe's listener: logs each request and answers every one with a model list."""
+
+    seen: list[str] = []
+
+    def _log(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(n)
+        type(self).seen.append(f"{self.command} {self.path}")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps({"data": [{"id": "m"}]}).encode())
+
+    do_GET = do_POST = _log
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def listener():
+    """An HTTP listener on 127.0.0.2, another loopback address: (url, the requests it saw)."""
+    _Listener.seen = []
+    server = http.server.HTTPServer(("127.0.0.2", 0), _Listener)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.2:{server.server_address[1]}", _Listener.seen
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("url", ["http://192.0.2.1:8000", "http://10.255.255.1", "http://evil.example:80/v1",
+                                 "http://127.0.0.1@192.0.2.1/", "http://127.0.0.1.nip.io"])
+def test_a_witness_base_url_off_this_machine_is_refused_before_any_connection(tmp_path, capsys, url):
+    path = witness(tmp_path, engine="openai_http", engine_args={"base_url": url})
+    _CONNECTS.clear()
+    _WATCHING[0] = True
+    try:
+        code = main(["replay", str(path), "--timeout", "5"])
+    finally:
+        _WATCHING[0] = False
+    err = one_line_error(capsys)
+    assert code == 3 and _CONNECTS == []
+    assert "base_url=" in err and "not this machine" in err and "--engine-arg base_url=URL" in err
+
+
+def test_a_witness_base_url_on_another_loopback_address_is_used(tmp_path, capsys, listener):
+    url, seen = listener
+    path = witness(tmp_path, engine="openai_http", engine_args={"base_url": url})
+    main(["replay", str(path), "--timeout", "10"])  # the listener is no engine: whatever the verdict, it was asked
+    assert seen and seen[0] == "GET /v1/models"
+    assert "not this machine" not in capsys.readouterr().err
+
+
+def test_the_users_own_engine_arg_replaces_a_remote_base_url(tmp_path, capsys, listener):
+    url, seen = listener
+    path = witness(tmp_path, engine="openai_http", engine_args={"base_url": "http://192.0.2.1:8000"})
+    main(["replay", str(path), "--timeout", "10", "--engine-arg", f"base_url={url}"])
+    assert seen and "not this machine" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [{"base_url": "http://localhost:8000"}, {"base_url": "http://[::1]:8000/v1"},
+                                  {"base_url": "http://127.255.0.9"}, {"host": "127.0.0.1:9000"},
+                                  {"base_url": "http://[::ffff:127.0.0.1]:1"}, {"base_url": ""},
+                                  {"serve": "kvparity", "model": "/tmp/ckpt", "extra_body": '{"a": 1}'}])
+def test_loopback_and_hostless_arguments_pass(args):
+    untrusted.refuse_remote_hosts(args, {}, "w.json")
+
+
+@pytest.mark.parametrize("args", [{"host": "10.0.0.1"}, {"endpoint": "gpu-box:8000"}, {"base_url": "0.0.0.0:80"},
+                                  {"extra_body": '{"callback": "https://192.0.2.7/x"}'},
+                                  {"api_url": "//192.0.2.1/v1"}, {"base_url": "http://127.1:80"},
+                                  {"base_url": "http://user:pw@localhost:80"}])
+def test_remote_or_unclear_hosts_in_any_argument_are_refused(args):
+    with pytest.raises(UsageError, match="may only name loopback hosts"):
+        untrusted.refuse_remote_hosts(args, {}, "w.json")
+    untrusted.refuse_remote_hosts(args, dict(args), "w.json")  # the user's own value is the user's choice
+
+
+def test_export_refuses_a_remote_base_url_too(tmp_path, capsys):
+    from adapters.commands.export import main as export_main
+
+    path = witness(tmp_path, engine="openai_http", engine_args={"base_url": "http://192.0.2.1:8000"})
+    assert export_main([str(path), "--out", str(tmp_path / "repro.py")]) == 3
+    assert "not this machine" in one_line_error(capsys)
+    assert not (tmp_path / "repro.py").exists()
+
+
+# --------------------------------------------------------------------------- the declared config space
+
+
+def test_a_configure_off_the_declared_space_never_reaches_the_engine(tmp_path):
+    """The probe: pool_tokens=10**12 made the reference engine allocate 2 GB in 30 s."""
+    path = witness(tmp_path, steps=[{"step": "configure", "config": {"pool_tokens": 10**12}}, BATCH])
+    proc = subprocess_cli("replay", str(path), "--timeout", "30")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"pool_tokens={10**12}, not one of the engine's declared values (4096, 64, 256)" in err
+
+
+def test_an_undeclared_knob_is_refused_and_a_declared_value_replays(tmp_path, capsys):
+    bad = witness(tmp_path, "bad.json", engine=FAKE,
+                  steps=[{"step": "configure", "config": {"num_blocks": 1}}, BATCH])
+    assert main(["replay", str(bad), "--engine", FAKE]) == 3
+    assert "knob 'num_blocks', which the engine does not declare" in one_line_error(capsys)
+    good = witness(tmp_path, "good.json", steps=[{"step": "configure", "config": {"cache_blocks": 6}}, BATCH])
+    assert main(["replay", str(good), "--engine", FAKE]) in (0, 2)
+
+
+def test_config_values_compare_as_json(tmp_path):
+    space = {"k": (3, 1), "drafter": ("none", "ngram"), "on": (True,)}
+    untrusted.check_config({"k": 1, "drafter": "ngram", "on": True}, space, "w")
+    for config in ({"k": "1"}, {"k": True}, {"on": 1}, {"k": [1]}):
+        with pytest.raises(UsageError, match="not one of the engine's declared values"):
+            untrusted.check_config(config, space, "w")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A real run folder of the FAKE engine, to tamper with."""
+    base = tmp_path_factory.mktemp("run")
+    cwd = os.getcwd()
+    os.chdir(base)
+    try:
+        main(["run", "--engine", FAKE, "--report-dir", str(base / "reports"), "--seed", "3", "--max-examples", "4",
+              "--checks", "parity", "-q"])
+    finally:
+        os.chdir(cwd)
+    (folder,) = [p for p in (base / "reports").glob("*/*") if p.is_dir()]
+    return folder
+
+
+def tampered(run_dir: Path, tmp_path: Path, lines: list[str]) -> Path:
+    """A copy of `run_dir`'s history with `lines` inserted after its run_start."""
+    out = tmp_path / "run"
+    out.mkdir(parents=True)
+    first, *rest = (run_dir / "history.jsonl").read_text().splitlines()
+    (out / "history.jsonl").write_text("\n".join([first, *lines, *rest]) + "\n")
+    return out
+
+
+def test_a_history_configuring_off_its_declared_space_is_refused(run_dir, tmp_path, capsys):
+    assert main(["report", str(tampered(run_dir, tmp_path, []))]) == 0  # the copy alone reads as it did
+    capsys.readouterr()
+    folder = tampered(run_dir, tmp_path / "t", ['{"event":"example","index":0}',
+                                                '{"event":"config","config":{"cache_blocks":1000000000000}}'])
+    assert main(["report", str(folder)]) == 3
+    assert "cache_blocks=1000000000000, not one of the engine's declared values" in one_line_error(capsys)
+
+
+# --------------------------------------------------------------------------- size
+
+
+def sparse(path: Path, size: int) -> Path:
+    with open(path, "wb") as fh:
+        fh.truncate(size)  # no disk blocks: a hole the size of the cap and one byte
+    return path
+
+
+def peak_bytes(fn) -> tuple[int, int]:
+    tracemalloc.start()
+    try:
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_an_oversized_witness_is_refused_without_reading_it(tmp_path, capsys):
+    path = sparse(tmp_path / "big.json", untrusted.MAX_WITNESS_BYTES + 1)
+    code, peak = peak_bytes(lambda: main(["replay", str(path)]))
+    assert code == 3 and peak < 2 << 20  # the probe's 1 GB witness took 3.6 GB
+    assert "over the 16 MiB a witness may be; refused without reading it" in one_line_error(capsys)
+
+
+def test_a_witness_that_is_no_regular_file_is_refused(capsys):
+    assert main(["replay", "/dev/zero"]) == 3  # stat says 0 bytes; reading it would never end
+    assert "is not a regular file" in one_line_error(capsys)
+
+
+def test_an_oversized_history_is_refused_without_reading_it(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    sparse(tmp_path / "run" / "history.jsonl", untrusted.MAX_HISTORY_BYTES + 1)
+    code, peak = peak_bytes(lambda: main(["report", str(tmp_path / "run")]))
+    assert code == 3 and peak < 2 << 20
+    assert "over the 256 MiB a history may be" in one_line_error(capsys)
+
+
+def test_the_caps_fit_every_committed_file():
+    """Real use: every witness and history in reports/ is far inside the caps."""
+    histories = list((ROOT / "reports").rglob("history.jsonl"))
+    witnesses = list((ROOT / "reports").rglob("witnesses/*.json"))
+    assert histories and witnesses
+    assert max(p.stat().st_size for p in histories) * 16 < untrusted.MAX_HISTORY_BYTES
+    assert max(p.stat().st_size for p in witnesses) * 100 < untrusted.MAX_WITNESS_BYTES
+
+
+# --------------------------------------------------------------------------- depth
+
+
+def deep(n: int = DEEP) -> str:
+    return "[" * n + "]" * n
+
+
+def test_a_deeply_nested_witness_is_one_line_exit_3(tmp_path, capsys):
+    path = tmp_path / "deep.json"
+    path.write_text('{"kvparity_witness": 1, "engine": "reference", "check": "parity", "steps": ' + deep() + "}")
+    assert main(["replay", str(path)]) == 3
+    assert "JSON nested deeper than 100 levels" in one_line_error(capsys)
+
+
+def test_a_deeply_nested_history_line_is_one_line_exit_3(run_dir, tmp_path, capsys):
+    folder = tampered(run_dir, tmp_path, ['{"event":"example","index":0,"x":' + deep() + "}"])
+    assert main(["report", str(folder)]) == 3
+    err = one_line_error(capsys)
+    assert "history.jsonl line 2: JSON nested deeper than 100 levels" in err
+
+
+def test_a_deeply_nested_baseline_key_is_one_line_exit_3(run_dir, tmp_path, capsys):
+    key = json.dumps(deep())  # a string holding brackets, read as a legacy JSON key
+    folder = tampered(run_dir, tmp_path, ['{"event":"baseline","key":' + key + ',"baseline":{"output":[],"finish_reason":"eos"}}'])
+    assert main(["report", str(folder)]) == 3
+    assert "a baseline key: JSON nested deeper" in one_line_error(capsys)
+
+
+def test_a_deeply_nested_calibration_is_refused_before_the_engine(tmp_path, capsys):
+    (tmp_path / "cal.json").write_text(deep())
+    assert main(["run", "--engine", FAKE, "--calibration", str(tmp_path / "cal.json")]) == 3
+    assert "--calibration" in one_line_error(capsys)
+
+
+def test_a_deeply_nested_results_json_is_ignored_as_unreadable(run_dir, tmp_path, capsys):
+    folder = tampered(run_dir, tmp_path, [])
+    (folder / "results.json").write_text(deep())
+    assert main(["report", str(folder)]) == 0
+    assert json.loads((folder / "results.json").read_text())["verdict"] == "pass"
+
+
+def test_the_deeply_nested_witness_cannot_crash_export(tmp_path, capsys):
+    from adapters.commands.export import main as export_main
+
+    path = tmp_path / "deep.json"
+    path.write_text(deep())
+    assert export_main([str(path), "--out", str(tmp_path / "repro.py")]) == 3
+    assert "JSON nested deeper than 100 levels" in one_line_error(capsys)
+
+
+def test_brackets_inside_strings_do_not_count_and_the_scan_is_exact():
+    text = json.dumps({"cause": "[" * 500, "a": [[[{"b": "]]]}"}]]], "c": '\\"[[[['})
+    assert untrusted.json_depth(text, limit=0) == 5  # the object, three lists, the inner object
+    assert untrusted.loads(text, "x")["a"][0][0][0]["b"] == "]]]}"
+    nested: object = 1
+    for _ in range(untrusted.MAX_DEPTH):
+        nested = [nested]
+    assert untrusted.loads(json.dumps(nested), "x") == nested  # exactly at the cap: read
+    with pytest.raises(UsageError, match="deeper than 100"):
+        untrusted.loads(json.dumps([nested]), "x")
