@@ -192,32 +192,40 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
                         timeout_s=args.timeout, shrink=not args.no_shrink,
                         tolerance=calibration.tau if calibration else None,
                         calibration=calibration.path if calibration else None,
-                        progress=None if args.quiet else Progress())
+                        progress=None if args.quiet else Progress(), close=True)
+    # The engine is closed (a failing close is an error event of the history) before the report is
+    # written, so the exit code, every report file and `kvparity report` tell one verdict.
     session.hard_exit = outcome.abandoned or outcome.interrupted
     print_summary(outcome.analysis, outcome.run_dir, args.engine)
     if outcome.report_error:
         print(f"ERROR: {outcome.report_error}")
     minimised = {}
-    if args.minimise and not outcome.interrupted:
+    if args.minimise and not outcome.interrupted and not outcome.report_error:
         minimised = minimise_failures(outcome, lambda: build_engine(args.engine, engine_args, args.timeout),
                                       args.timeout, args.engine)
     if minimised:  # one writer of the report: rewrite it with what minimising found
         from conformance.history import load
         from conformance.report import write_report
 
-        write_report(outcome.run_dir, load(outcome.run_dir / "history.jsonl"), outcome.analysis, minimised=minimised)
+        try:
+            write_report(outcome.run_dir, load(outcome.run_dir / "history.jsonl"), outcome.analysis,
+                         minimised=minimised)
+        except OSError as exc:
+            outcome.report_error = f"cannot write the report in {outcome.run_dir}: {exc}"
+            print(f"ERROR: {outcome.report_error}")
     numerics_summary(outcome.run_dir, calibration)
     a = outcome.analysis
-    word = "INTERRUPTED" if outcome.interrupted else a.verdict.upper()
+    code = outcome.exit_code
+    if outcome.report_error and code != EXIT_INTERRUPTED:
+        code = EXIT_USAGE  # no report files: the run ends as an error, whatever it found
+    word = "INTERRUPTED" if outcome.interrupted else "ERROR" if code == EXIT_USAGE else a.verdict.upper()
     print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
-    status.tell(verdict=outcome.exit_code)
-    if outcome.abandoned:  # a hung engine is not asked to close on the thread it may still be inside
-        return outcome.exit_code
-    closed = close_engine(engine, args.timeout)
-    if closed is not None:
-        print(f"ERROR: {closed}")
-        return max(outcome.exit_code, EXIT_USAGE) if outcome.exit_code != EXIT_INTERRUPTED else outcome.exit_code
-    return outcome.exit_code
+    status.tell(verdict=code)
+    if outcome.interrupted and not outcome.closed and not outcome.abandoned:  # closed after its report
+        closed = close_engine(engine, args.timeout)
+        if closed is not None:
+            print(f"ERROR: {closed}")
+    return code
 
 
 def numerics_summary(run_dir: Path, calibration: Any) -> None:
@@ -225,10 +233,11 @@ def numerics_summary(run_dir: Path, calibration: Any) -> None:
     than plain mode (conformance.numerics): printed and written as numerics.json beside the report."""
     from conformance import numerics
     from conformance.history import load
+    from conformance.run_folder import write_text
 
     try:
         summary = numerics.summarise(load(run_dir / "history.jsonl"), calibration)
-        (run_dir / "numerics.json").write_text(json.dumps(summary, indent=1))
+        write_text(run_dir, "numerics.json", json.dumps(summary, indent=1))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"numerics: not summarised ({type(exc).__name__}: {exc})")
         return
@@ -350,33 +359,75 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
 # --------------------------------------------------------------------------- report, engines
 
 
+REANALYSIS = "reanalysis"  # where `kvparity report` writes when the run has its own verdict files
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    """Re-judge a stored run from its history alone. The history's chain is verified first: an edited,
+    reordered or cut history is refused (exit 3), not re-judged. The run's own verdict files are never
+    rewritten: the re-analysis goes to RUN_DIR/reanalysis/, saying so, and saying when `--checks`
+    narrowed the run's check set. Only a run that has no results.json yet (its process was killed before
+    writing one) gets its verdict files written in the run folder itself."""
+    import os
+
     from conformance.analysis import analyse
-    from conformance.history import NotAHistory, load
+    from conformance.history import NotAHistory, parse, read_events
+    from conformance.history_chain import verify
     from conformance.report import write_report
+    from conformance.run_folder import clear_folder
 
     run_dir = Path(args.run_dir)
     history_path = run_dir / "history.jsonl"
     if not history_path.is_file():
         raise UsageError(f"no history.jsonl in {run_dir}")
     try:
-        history = load(history_path)
+        events, problems = read_events(history_path)
+        integrity = verify(events)
+        if integrity.problems:
+            raise UsageError(f"{history_path} fails its integrity check, not re-judged: {integrity.line()}")
+        history = parse(events)
     except NotAHistory as exc:
         raise UsageError(str(exc)) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{history_path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
-    checks = [c for c in args.checks.split(",") if c.strip()] or history.meta.get("checks") or None
-    analysis = analyse(history, checks)
+    history.errors.extend(problems)
+    asked = [c for c in args.checks.split(",") if c.strip()]
+    analysis = analyse(history, asked or history.meta.get("checks") or None)
+    chosen = list(analysis.checks)
+    left_out = [c for c in analyse_names(history.meta.get("checks")) if c not in chosen]
+    first = not asked and not os.path.lexists(run_dir / "results.json")
+    subfolder = "" if first else REANALYSIS
+    summary = (f"checks {', '.join(chosen)}" + (f"; check set NARROWED: the run also chose {', '.join(left_out)}, "
+                                                "not re-judged here" if left_out else "")
+               + f"; {integrity.line()}")
     try:
-        write_report(run_dir, history, analysis)
+        if subfolder:
+            clear_folder(run_dir, f"{subfolder}/witnesses")  # no stale witness beside a new verdict
+        write_report(run_dir, history, analysis, subfolder=subfolder,
+                     reanalysis={"checks": chosen, "narrowed": left_out, "integrity": integrity.status,
+                                 "summary": summary})
     except OSError as exc:
         raise UsageError(f"cannot write the report in {run_dir}: {exc}") from None
     for name, r in analysis.checks.items():
         print(f"{name:22s} {r.status}")
     for e in analysis.errors:
         print(f"ERROR: {e}")
-    print(f"{analysis.verdict.upper()}: re-analysed {len(history.examples)} examples from {history_path}")
+    if integrity.status != "verified":
+        print(f"NOTE: {integrity.line()}")
+    if left_out:
+        print(f"NOTE: check set narrowed to {', '.join(chosen)}; the run also chose {', '.join(left_out)}: "
+              "this is not the run's verdict")
+    where = run_dir if first else run_dir / REANALYSIS
+    told = "" if first else f"; the run's own verdict files are unchanged, the re-analysis is in {where}"
+    print(f"{analysis.verdict.upper()}: re-analysed {len(history.examples)} examples from {history_path}{told}")
     return analysis.exit_code
+
+
+def analyse_names(checks: Any) -> list[str]:
+    """The registered check names a run chose (all of them when it did not record its choice)."""
+    from conformance.checks import CHECKS
+
+    return [c for c in checks if c in CHECKS] if isinstance(checks, list) and checks else list(CHECKS)
 
 
 def cmd_engines(args: argparse.Namespace) -> int:
