@@ -97,9 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                         help="seconds per engine call before it counts as hung")
 
-    report = sub.add_parser("report", help="re-analyse a stored run directory (its history.jsonl)", formatter_class=fmt)
+    report = sub.add_parser("report", help="re-analyse a stored run directory from its history.jsonl (verified "
+                                           "first; written to RUN_DIR/reanalysis/, never over the run's own verdict)",
+                            formatter_class=fmt)
     report.add_argument("run_dir", help="a run folder holding history.jsonl")
-    report.add_argument("--checks", default="", help="comma-separated check names (empty: those the run chose)")
+    report.add_argument("--checks", default="", help="comma-separated check names (empty: those the run chose; "
+                                                     "fewer is said to be a narrowed check set)")
 
     sub.add_parser("engines", help="list the registered engine adapters", formatter_class=fmt)
     for name, target in plugin_commands().items():
@@ -359,75 +362,10 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
 # --------------------------------------------------------------------------- report, engines
 
 
-REANALYSIS = "reanalysis"  # where `kvparity report` writes when the run has its own verdict files
-
-
 def cmd_report(args: argparse.Namespace) -> int:
-    """Re-judge a stored run from its history alone. The history's chain is verified first: an edited,
-    reordered or cut history is refused (exit 3), not re-judged. The run's own verdict files are never
-    rewritten: the re-analysis goes to RUN_DIR/reanalysis/, saying so, and saying when `--checks`
-    narrowed the run's check set. Only a run that has no results.json yet (its process was killed before
-    writing one) gets its verdict files written in the run folder itself."""
-    import os
+    from conformance.reanalysis import reanalyse
 
-    from conformance.analysis import analyse
-    from conformance.history import NotAHistory, parse, read_events
-    from conformance.history_chain import verify
-    from conformance.report import write_report
-    from conformance.run_folder import clear_folder
-
-    run_dir = Path(args.run_dir)
-    history_path = run_dir / "history.jsonl"
-    if not history_path.is_file():
-        raise UsageError(f"no history.jsonl in {run_dir}")
-    try:
-        events, problems = read_events(history_path)
-        integrity = verify(events)
-        if integrity.problems:
-            raise UsageError(f"{history_path} fails its integrity check, not re-judged: {integrity.line()}")
-        history = parse(events)
-    except NotAHistory as exc:
-        raise UsageError(str(exc)) from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{history_path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
-    history.errors.extend(problems)
-    asked = [c for c in args.checks.split(",") if c.strip()]
-    analysis = analyse(history, asked or history.meta.get("checks") or None)
-    chosen = list(analysis.checks)
-    left_out = [c for c in analyse_names(history.meta.get("checks")) if c not in chosen]
-    first = not asked and not os.path.lexists(run_dir / "results.json")
-    subfolder = "" if first else REANALYSIS
-    summary = (f"checks {', '.join(chosen)}" + (f"; check set NARROWED: the run also chose {', '.join(left_out)}, "
-                                                "not re-judged here" if left_out else "")
-               + f"; {integrity.line()}")
-    try:
-        if subfolder:
-            clear_folder(run_dir, f"{subfolder}/witnesses")  # no stale witness beside a new verdict
-        write_report(run_dir, history, analysis, subfolder=subfolder,
-                     reanalysis={"checks": chosen, "narrowed": left_out, "integrity": integrity.status,
-                                 "summary": summary})
-    except OSError as exc:
-        raise UsageError(f"cannot write the report in {run_dir}: {exc}") from None
-    for name, r in analysis.checks.items():
-        print(f"{name:22s} {r.status}")
-    for e in analysis.errors:
-        print(f"ERROR: {e}")
-    if integrity.status != "verified":
-        print(f"NOTE: {integrity.line()}")
-    if left_out:
-        print(f"NOTE: check set narrowed to {', '.join(chosen)}; the run also chose {', '.join(left_out)}: "
-              "this is not the run's verdict")
-    where = run_dir if first else run_dir / REANALYSIS
-    told = "" if first else f"; the run's own verdict files are unchanged, the re-analysis is in {where}"
-    print(f"{analysis.verdict.upper()}: re-analysed {len(history.examples)} examples from {history_path}{told}")
-    return analysis.exit_code
-
-
-def analyse_names(checks: Any) -> list[str]:
-    """The registered check names a run chose (all of them when it did not record its choice)."""
-    from conformance.checks import CHECKS
-
-    return [c for c in checks if c in CHECKS] if isinstance(checks, list) and checks else list(CHECKS)
+    return reanalyse(Path(args.run_dir), [c for c in args.checks.split(",") if c.strip()])
 
 
 def cmd_engines(args: argparse.Namespace) -> int:
