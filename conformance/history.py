@@ -331,6 +331,7 @@ class History:
     interrupted: str | None = None
     last_event: str | None = None
     in_flight: tuple[Request, ...] = ()
+    digest: str | None = None  # the last event's chain value (None: a legacy history, written unchained)
 
     @property
     def tolerance(self) -> float:
@@ -398,6 +399,7 @@ class HistoryBuilder:
         h = self.history
         kind = ev.get("event")
         h.last_event = str(kind)
+        h.digest = ev.get(CHAIN_FIELD)
         if kind == "run_start":
             h.meta = {k: v for k, v in ev.items() if k != CHAIN_FIELD}
             if ev.get("capabilities"):

@@ -6,8 +6,10 @@ files: two edited lines of the history, or `--checks parity` on a failed run, tu
 into a PASS and left the old witnesses beside it. Now:
 
 - the history's integrity is verified first (conformance.history_chain): an edited, reordered or cut
-  history is refused in one line, exit 3, and nothing is written; a legacy history (written before the
-  chain) is re-judged and said to be unverified;
+  history is refused in one line, exit 3, and nothing is written; so is one whose last chain value is
+  not the `history_digest` the run's results.json recorded (a chain stripped to pass as legacy); a
+  legacy history (written before the chain, its results.json recording no digest) is re-judged and said
+  to be unverified;
 - the re-analysis goes to `RUN_DIR/reanalysis/` (its own results.json, reports, junit.xml, witnesses/),
   headed by what was re-judged and how; the run's own files are never touched. Only a run folder with
   no results.json at all (its process was killed before writing one) gets its verdict files written in
@@ -48,6 +50,28 @@ def read_verified(run_dir: Path) -> tuple[History, Integrity]:
     return history, integrity
 
 
+def recorded_digest(run_dir: Path) -> str | None:
+    """The history digest the run's own results.json says it was judged on (None: none recorded)."""
+    import json
+
+    try:
+        digest = json.loads((run_dir / "results.json").read_text()).get("history_digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return digest if isinstance(digest, str) else None
+
+
+def refuse_unmatched(run_dir: Path, history: History) -> None:
+    """A history that is not the one the run's verdict was written from (its chain stripped to pass as
+    legacy, or re-chained after an edit) is refused: the verdict files and the evidence must agree."""
+    recorded = recorded_digest(run_dir)
+    if recorded is not None and history.digest != recorded:
+        now = "no chain (read as legacy)" if history.digest is None else f"digest {history.digest[:12]}"
+        raise UsageError(f"{run_dir / 'history.jsonl'} fails its integrity check, not re-judged: it is not the "
+                         f"history the run was judged on (results.json records digest {recorded[:12]}, the "
+                         f"history has {now})")
+
+
 def run_checks(history: History) -> list[str]:
     """The registered checks the run chose (all of them where it did not record its choice)."""
     from conformance.checks import CHECKS
@@ -72,6 +96,7 @@ def reanalyse(run_dir: Path, asked: Sequence[str] = ()) -> int:
     """Re-judge `run_dir` with the checks `asked` (none: those the run chose); print the verdict and
     where it was written; return its exit code."""
     history, integrity = read_verified(run_dir)
+    refuse_unmatched(run_dir, history)
     analysis = analyse(history, list(asked) or history.meta.get("checks") or None)
     chosen = list(analysis.checks)
     left_out = [c for c in run_checks(history) if c not in chosen]

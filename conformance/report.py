@@ -110,7 +110,7 @@ def results_json(history: History, analysis: Analysis, witnesses: Mapping[str, P
         duration = carried.get("duration_s")
     findings = findings_json(history, group(history, analysis), witnesses)
     decoded = {**dict(carried.get("decoded") or {}), **decode_texts([f["story"] for f in findings], decode)}
-    return {"run": meta, "examples": len(history.examples),
+    return {"run": meta, "examples": len(history.examples), "history_digest": history.digest,
             "duration_s": None if duration is None else round(float(duration), 2),
             "finished": history.ended is not None, "interrupted": history.interrupted,
             "minimised": dict(carried.get("minimised") or {}), "process": carried.get("process"), **data,

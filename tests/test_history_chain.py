@@ -171,9 +171,22 @@ def test_an_intact_history_verifies_and_legacy_ones_are_said_to_be_unverified(ru
     assert "unverified" not in out and "reanalysis" in out
     assert json.loads((run / "reanalysis" / "results.json").read_text())["reanalysis"]["integrity"] == "verified"
     write_lines(run, unchained(lines_of(run)))
+    results = json.loads((run / "results.json").read_text())
+    del results["history_digest"]  # as written before the chain existed
+    (run / "results.json").write_text(json.dumps(results))
     assert main(["report", str(run)]) == 1
     assert "legacy history" in capsys.readouterr().out
     assert json.loads((run / "reanalysis" / "results.json").read_text())["reanalysis"]["integrity"] == "legacy"
+
+
+def test_a_chain_stripped_to_pass_as_legacy_is_refused(run, capsys):
+    """The run's results.json records the digest its verdict was written from."""
+    events = lines_of(run)
+    _, batch = answer_lines(events, run)
+    for r in events[batch]["results"]:
+        r["cached_tokens"] = 0
+    write_lines(run, unchained(events))
+    assert "not the history the run was judged on" in refused(run, capsys)
 
 
 def test_a_history_mixing_chained_and_unchained_lines_is_refused(run, capsys):
