@@ -99,9 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                         help="seconds per engine call before it counts as hung")
 
-    report = sub.add_parser("report", help="re-analyse a stored run directory (its history.jsonl)", formatter_class=fmt)
+    report = sub.add_parser("report", help="re-analyse a stored run directory from its history.jsonl (verified "
+                                           "first; written to RUN_DIR/reanalysis/, never over the run's own verdict)",
+                            formatter_class=fmt)
     report.add_argument("run_dir", help="a run folder holding history.jsonl")
-    report.add_argument("--checks", default="", help="comma-separated check names (empty: those the run chose)")
+    report.add_argument("--checks", default="", help="comma-separated check names (empty: those the run chose; "
+                                                     "fewer is said to be a narrowed check set)")
 
     sub.add_parser("engines", help="list the registered engine adapters", formatter_class=fmt)
     for name, target in plugin_commands().items():
@@ -194,32 +197,40 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
                         timeout_s=args.timeout, shrink=not args.no_shrink,
                         tolerance=calibration.tau if calibration else None,
                         calibration=calibration.path if calibration else None,
-                        progress=None if args.quiet else Progress())
+                        progress=None if args.quiet else Progress(), close=True)
+    # The engine is closed (a failing close is an error event of the history) before the report is
+    # written, so the exit code, every report file and `kvparity report` tell one verdict.
     session.hard_exit = outcome.abandoned or outcome.interrupted
     print_summary(outcome.analysis, outcome.run_dir, args.engine)
     if outcome.report_error:
         print(f"ERROR: {outcome.report_error}")
     minimised = {}
-    if args.minimise and not outcome.interrupted:
+    if args.minimise and not outcome.interrupted and not outcome.report_error:
         minimised = minimise_failures(outcome, lambda: build_engine(args.engine, engine_args, args.timeout),
                                       args.timeout, args.engine)
     if minimised:  # one writer of the report: rewrite it with what minimising found
         from conformance.history import load
         from conformance.report import write_report
 
-        write_report(outcome.run_dir, load(outcome.run_dir / "history.jsonl"), outcome.analysis, minimised=minimised)
+        try:
+            write_report(outcome.run_dir, load(outcome.run_dir / "history.jsonl"), outcome.analysis,
+                         minimised=minimised)
+        except OSError as exc:
+            outcome.report_error = f"cannot write the report in {outcome.run_dir}: {exc}"
+            print(f"ERROR: {outcome.report_error}")
     numerics_summary(outcome.run_dir, calibration)
     a = outcome.analysis
-    word = "INTERRUPTED" if outcome.interrupted else a.verdict.upper()
+    code = outcome.exit_code
+    if outcome.report_error and code != EXIT_INTERRUPTED:
+        code = EXIT_USAGE  # no report files: the run ends as an error, whatever it found
+    word = "INTERRUPTED" if outcome.interrupted else "ERROR" if code == EXIT_USAGE else a.verdict.upper()
     print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
-    status.tell(verdict=outcome.exit_code)
-    if outcome.abandoned:  # a hung engine is not asked to close on the thread it may still be inside
-        return outcome.exit_code
-    closed = close_engine(engine, args.timeout)
-    if closed is not None:
-        print(f"ERROR: {closed}")
-        return max(outcome.exit_code, EXIT_USAGE) if outcome.exit_code != EXIT_INTERRUPTED else outcome.exit_code
-    return outcome.exit_code
+    status.tell(verdict=code)
+    if outcome.interrupted and not outcome.closed and not outcome.abandoned:  # closed after its report
+        closed = close_engine(engine, args.timeout)
+        if closed is not None:
+            print(f"ERROR: {closed}")
+    return code
 
 
 def numerics_summary(run_dir: Path, calibration: Any) -> None:
@@ -227,10 +238,11 @@ def numerics_summary(run_dir: Path, calibration: Any) -> None:
     than plain mode (conformance.numerics): printed and written as numerics.json beside the report."""
     from conformance import numerics
     from conformance.history import load
+    from conformance.run_folder import write_text
 
     try:
         summary = numerics.summarise(load(run_dir / "history.jsonl"), calibration)
-        (run_dir / "numerics.json").write_text(json.dumps(summary, indent=1))
+        write_text(run_dir, "numerics.json", json.dumps(summary, indent=1))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"numerics: not summarised ({type(exc).__name__}: {exc})")
         return
@@ -360,32 +372,9 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from conformance.analysis import analyse
-    from conformance.history import NotAHistory, load
-    from conformance.report import write_report
+    from conformance.reanalysis import reanalyse
 
-    run_dir = Path(args.run_dir)
-    history_path = run_dir / "history.jsonl"
-    if not history_path.is_file():
-        raise UsageError(f"no history.jsonl in {run_dir}")
-    try:
-        history = load(history_path)
-    except (NotAHistory, UsageError) as exc:  # UsageError: too big, too deep, configurations off the space
-        raise UsageError(str(exc)) from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{history_path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
-    checks = [c for c in args.checks.split(",") if c.strip()] or history.meta.get("checks") or None
-    analysis = analyse(history, checks)
-    try:
-        write_report(run_dir, history, analysis)
-    except OSError as exc:
-        raise UsageError(f"cannot write the report in {run_dir}: {exc}") from None
-    for name, r in analysis.checks.items():
-        print(f"{name:22s} {r.status}")
-    for e in analysis.errors:
-        print(f"ERROR: {e}")
-    print(f"{analysis.verdict.upper()}: re-analysed {len(history.examples)} examples from {history_path}")
-    return analysis.exit_code
+    return reanalyse(Path(args.run_dir), [c for c in args.checks.split(",") if c.strip()])
 
 
 def cmd_engines(args: argparse.Namespace) -> int:

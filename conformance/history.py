@@ -14,7 +14,11 @@ Every line is one event, flushed as it is written (fsynced at example boundaries
     error        {cause, snapshot?}       the engine crashed, hung or answered malformed (snapshot:
                                           white-box, the pool after a failed batch)
     interrupted  {cause}                  the user stopped the run (Ctrl-C)
-    run_end      {examples, duration_s}   the run finished; a history without it is incomplete
+    run_end      {examples, duration_s,   the run finished; a history without it is incomplete.
+                  events, sealed}         `events` and `sealed` seal the chain (conformance.history_chain)
+
+Every line also carries `chain`, a digest linking it to the line before (conformance.history_chain):
+an edited, reordered or cut history is refused by `kvparity report` instead of re-judged.
 
 Requests are recorded *before* the engine sees them, so the request that killed an engine is in the
 history, named in the verdict's cause and replayable. Reading is strict: a line that is not an event
@@ -37,6 +41,8 @@ from attrs import define, field, frozen
 
 from conformance import untrusted
 from conformance.contract import Baseline, Capabilities, Identity, Request, Result
+from conformance.history_chain import FIELD as CHAIN_FIELD
+from conformance.history_chain import GENESIS, Integrity, chained_line, verify
 
 # --------------------------------------------------------------------------- value encoding
 
@@ -172,13 +178,17 @@ class HistoryWriter:
         self.sink = sink  # e.g. HistoryBuilder.feed: the run's History grows as events are written
         self.events: list[dict[str, Any]] = []
         self.write_error: str | None = None
+        self._chain = GENESIS  # the last event's chain value
         self._fh = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        line = json.dumps({"event": event, **encode(fields)}, separators=(",", ":"), allow_nan=False)
+        if event == "run_end":  # the seal: how many events it closes, and the last one's chain value
+            fields = {**fields, "events": len(self.events), "sealed": self._chain}
+        body = json.dumps({"event": event, **encode(fields)}, separators=(",", ":"), allow_nan=False)
+        line, self._chain = chained_line(self._chain, body)
         record = json.loads(line)
         self.events.append(record)
         if self.sink is not None:
@@ -323,6 +333,7 @@ class History:
     interrupted: str | None = None
     last_event: str | None = None
     in_flight: tuple[Request, ...] = ()
+    digest: str | None = None  # the last event's chain value (None: a legacy history, written unchained)
 
     @property
     def tolerance(self) -> float:
@@ -390,8 +401,9 @@ class HistoryBuilder:
         h = self.history
         kind = ev.get("event")
         h.last_event = str(kind)
+        h.digest = ev.get(CHAIN_FIELD)
         if kind == "run_start":
-            h.meta = dict(ev)
+            h.meta = {k: v for k, v in ev.items() if k != CHAIN_FIELD}
             if ev.get("capabilities"):
                 h.capabilities = capabilities_from(ev["capabilities"])
         elif kind == "example":
@@ -467,8 +479,17 @@ def parse(events: Iterable[Mapping[str, Any]]) -> History:
 
 
 def load(path: str | os.PathLike[str]) -> History:
-    """Parse a history file; its reading problems (a corrupt or torn line) become errors of the run."""
+    """Parse a history file; its reading problems (a corrupt or torn line) and its integrity problems (a
+    broken chain or seal, conformance.history_chain) become errors of the run: never a pass."""
+    return load_verified(path)[0]
+
+
+def load_verified(path: str | os.PathLike[str]) -> tuple[History, Integrity]:
+    """`load`, and what verifying the history's chain found (`kvparity report` refuses a history with
+    integrity problems, and says when one is legacy, i.e. unverified)."""
     events, problems = read_events(path)
+    integrity = verify(events)
     h = parse(events)
     h.errors.extend(problems)
-    return h
+    h.errors.extend(integrity.problems)
+    return h, integrity

@@ -31,6 +31,7 @@ from attrs import evolve
 from conformance.checks.common import config_block_size
 from conformance.contract import Capabilities, Engine
 from conformance.history import capabilities_from
+from conformance.run_folder import write_text
 from conformance.runner import replay
 from conformance.strategies import MAX_NEW, Batch, Configure, Step, step_from_json, step_to_json
 from conformance.untrusted import read_json
@@ -149,9 +150,8 @@ def minimise_witness_file(path: str | Path, new_engine: Callable[[], Engine], *,
         return None
     out = path.with_name(path.stem + ".min.json")
     kept = {k: v for k, v in data.items() if k != "failure"}  # the failure text describes the original
-    out.write_text(json.dumps({**kept, "steps": [step_to_json(s) for s in small], "minimised_from": path.name},
-                              indent=1))
-    return out
+    text = json.dumps({**kept, "steps": [step_to_json(s) for s in small], "minimised_from": path.name}, indent=1)
+    return write_text(out.parent, out.name, text)  # never through a symlink planted beside the witness
 
 
 def _drop_step_runs(steps: list[Step]):

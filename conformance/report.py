@@ -25,6 +25,7 @@ from conformance.report_coverage import blocks as coverage_blocks
 from conformance.report_doc import Block, Bullets, Cell, Figure, Heading, Para, Section, Table, page, to_md
 from conformance.report_story import blocks as story_blocks
 from conformance.report_story import decode_texts, story, text_key
+from conformance.run_folder import write_text
 from conformance.untrusted import read_json
 from conformance.verdicts import Failure
 
@@ -43,15 +44,14 @@ def _witness_texts(w: Mapping[str, Any], texts: Mapping[str, str]) -> dict[str, 
 
 
 def write_witnesses(run_dir: Path, history: History, analysis: Analysis,
-                    texts: Mapping[str, str] | None = None) -> dict[str, Path]:
+                    texts: Mapping[str, str] | None = None, subfolder: str = "") -> dict[str, Path]:
     """One JSON file per failure: the engine, its arguments, the failure, the resolved steps and, where
-    the adapter could decode, the text of the outputs (so a reader needs no tokenizer)."""
+    the adapter could decode, the text of the outputs (so a reader needs no tokenizer). `subfolder`:
+    inside `run_dir` (a re-analysis), reached without following a symlink."""
     out: dict[str, Path] = {}
     examples = {ex.index: ex for ex in history.examples}
     for failure in analysis.failures:
         ex = examples.get(failure.example)
-        path = witness_path(run_dir, failure)
-        path.parent.mkdir(parents=True, exist_ok=True)
         data = {"kvparity_witness": 1, "engine": history.meta.get("engine"),
                 "engine_args": history.meta.get("engine_args", {}), "check": failure.check,
                 "failure": failure.to_json(), "steps": ex.steps() if ex else [],
@@ -59,8 +59,8 @@ def write_witnesses(run_dir: Path, history: History, analysis: Analysis,
         decoded = _witness_texts(failure.witness, texts or {})
         if decoded:
             data["decoded"] = decoded
-        path.write_text(json.dumps(data, indent=1))
-        out[failure.case_id] = path
+        out[failure.case_id] = write_text(run_dir, f"{subfolder}witnesses/{failure.case_id}.json",
+                                          json.dumps(data, indent=1))
     return out
 
 
@@ -111,7 +111,7 @@ def results_json(history: History, analysis: Analysis, witnesses: Mapping[str, P
         duration = carried.get("duration_s")
     findings = findings_json(history, group(history, analysis), witnesses)
     decoded = {**dict(carried.get("decoded") or {}), **decode_texts([f["story"] for f in findings], decode)}
-    return {"run": meta, "examples": len(history.examples),
+    return {"run": meta, "examples": len(history.examples), "history_digest": history.digest,
             "duration_s": None if duration is None else round(float(duration), 2),
             "finished": history.ended is not None, "interrupted": history.interrupted,
             "minimised": dict(carried.get("minimised") or {}), "process": carried.get("process"), **data,
@@ -132,6 +132,9 @@ def _head(results: Mapping[str, Any]) -> list[Block]:
     if results.get("process"):
         cause = str(results["process"])
         out.append(Para(f"**{cause[:1].upper() + cause[1:]}.**"))
+    if results.get("reanalysis"):
+        out.append(Para(f"**Re-analysed from the stored history** (`kvparity report`): "
+                        f"{results['reanalysis']['summary']}."))
     n_find = len(results.get("findings", []))
     missing = [s["name"] for s in results.get("situations", []) if s["relevant"] and not s["count"]]
     out.append(Para(f"verdict **{results['verdict'].upper()}** (exit {results['exit_code']}), profile "
@@ -274,19 +277,28 @@ def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) 
 
 
 def write_report(run_dir: Path, history: History, analysis: Analysis, duration_s: float | None = None,
-                 decode: Callable[[list[int]], str] | None = None, **carried: Any) -> dict:
+                 decode: Callable[[list[int]], str] | None = None, *, subfolder: str = "",
+                 reanalysis: Mapping[str, Any] | None = None, **carried: Any) -> dict:
     """Write every report file into `run_dir` (history.jsonl is already there) and return results. The
     one writer of every report file: a later addition (minimised witnesses) rewrites the report through
-    here, and re-analysis keeps what the history cannot give back (`CARRIED`). `decode`: the adapter's
-    optional hook (token ids -> text); the text it gives is kept in results.json and the witnesses."""
+    here, and re-analysis keeps what the history cannot give back (`CARRIED`, read from the run's
+    results.json). `decode`: the adapter's optional hook (token ids -> text); the text it gives is kept
+    in results.json and the witnesses. `subfolder` ("reanalysis/") and `reanalysis` (what was re-judged,
+    and how, said at the top): `kvparity report`, which writes beside the run's own files, never over them.
+
+    Nothing is written through a symlink inside `run_dir` (conformance.run_folder): a planted one raises
+    UnsafeRunFolder, an OSError."""
     run_dir = Path(run_dir)
-    paths = {f.case_id: witness_path(run_dir, f) for f in analysis.failures}
+    subfolder = subfolder.strip("/") + "/" if subfolder.strip("/") else ""
+    paths = {f.case_id: witness_path(run_dir / subfolder, f) for f in analysis.failures}
     carried = {**previous_results(run_dir), **{k: v for k, v in carried.items() if v is not None}}
     results = results_json(history, analysis, paths, duration_s, carried, decode)
-    write_witnesses(run_dir, history, analysis, results["decoded"])
-    (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+    if reanalysis is not None:
+        results["reanalysis"] = dict(reanalysis)
+    write_witnesses(run_dir, history, analysis, results["decoded"], subfolder)
+    write_text(run_dir, subfolder + "results.json", json.dumps(results, indent=1))
     blocks = report_blocks(results)
-    (run_dir / "report.md").write_text(to_md(blocks))
-    (run_dir / "report.html").write_text(page(f"kvparity: {results['run'].get('engine')}", blocks))
-    (run_dir / "junit.xml").write_text(junit_xml(results))
+    write_text(run_dir, subfolder + "report.md", to_md(blocks))
+    write_text(run_dir, subfolder + "report.html", page(f"kvparity: {results['run'].get('engine')}", blocks))
+    write_text(run_dir, subfolder + "junit.xml", junit_xml(results))
     return results

@@ -219,6 +219,7 @@ class RunOutcome:
     abandoned: bool = False  # an engine call hung and its thread was left behind
     report_error: str | None = None  # the report files could not be written (disk full)
     first_failing: dict[str, int] = attrs.Factory(dict)  # check -> the first example that failed it
+    closed: bool = False  # run_suite(close=True) closed the engine (its failure, if any, is in the history)
 
     @property
     def verdict(self) -> str:
@@ -263,12 +264,16 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
               database_dir: str | os.PathLike[str] | None = None, shrink: bool = True,
               run_dir: str | os.PathLike[str] | None = None, calls: EngineCalls | None = None,
               tolerance: float | None = None, calibration: str | None = None,
-              progress: Progress | None = None) -> RunOutcome:
+              progress: Progress | None = None, close: bool = False) -> RunOutcome:
     """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/` (or `run_dir`).
 
     Fail closed: an engine error, a history that cannot be written and a Ctrl-C all end the run with
     what was recorded kept and analysed; only a run that wrote its `run_end` can pass. `progress`:
-    told of every history event and finished example (`kvparity run` without `-q`)."""
+    told of every history event and finished example (`kvparity run` without `-q`).
+
+    `close`: close the engine as the run's last engine call, before `run_end` and the report, so a close
+    that raises or hangs is an `error` event of the history and every report file says so (`kvparity
+    run`); a run the user interrupted is not closed here (its caller closes it after the report)."""
     from conformance.report import write_report
 
     names = select_checks(checks)
@@ -285,6 +290,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     example_scoped = [n for n in names if CHECKS[n].scope == "example"]
     examples = 0
     interrupted = False
+    closer = _Closer(engine, calls, close)
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         if tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
@@ -338,9 +344,11 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
             if not _only_conformance(exc):
                 writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
+        closer(lambda cause: writer.append("error", cause=cause))
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
     except EngineError as exc:
         writer.append("error", cause=one_line(exc))
+        closer(lambda cause: writer.append("error", cause=cause))
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
     except KeyboardInterrupt:
         interrupted = True
@@ -348,6 +356,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         _record_quietly(writer, "interrupted", cause=f"Ctrl-C during example {max(examples - 1, 0)}")
     except HistoryWriteError as exc:
         _record_quietly(writer, "error", cause=str(exc))  # in memory: the file cannot take it
+        closer(lambda cause: _record_quietly(writer, "error", cause=cause))
     finally:
         writer.close()
         if own_calls:
@@ -359,13 +368,36 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         history.errors.append(writer.write_error)
     analysis = analyse(history, names, known)
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned,
-                         first_failing=first_failing)
+                         first_failing=first_failing, closed=closer.closed)
     try:
         decode = None if calls.abandoned else getattr(engine, "decode", None)  # a hung engine is not asked again
         write_report(run_dir, history, analysis, duration_s=outcome.duration_s, decode=decode)
     except OSError as exc:
         outcome.report_error = f"cannot write the report in {run_dir}: {exc}"
     return outcome
+
+
+class _Closer:
+    """Closes the engine once, as the run's last engine call, through the run's bounded calls (the thread
+    every other call ran on), so a close that raises or hangs past the timeout is recorded like any other
+    engine failure. Not when the caller did not ask, nor when a call was left hanging (the engine may
+    still be inside it)."""
+
+    def __init__(self, engine: Engine, calls: EngineCalls, wanted: bool) -> None:
+        self.engine, self.calls, self.wanted = engine, calls, wanted
+        self.closed = False
+
+    def __call__(self, record: Callable[[str], Any]) -> None:
+        if not self.wanted or self.closed or self.calls.abandoned:
+            return
+        from conformance.status import tell
+
+        self.closed = True
+        tell(closing=True)  # a supervised child that dies in close() is answered for as dying there
+        try:
+            self.calls(self.engine.close, "close()")
+        except EngineError as exc:
+            record(one_line(exc))
 
 
 def _record_quietly(writer: HistoryWriter, event: str, **fields: Any) -> None:

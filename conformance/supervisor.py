@@ -80,10 +80,15 @@ def _wait(child: subprocess.Popen) -> int:
 
 def _answer_for_dead_child(command: str, returncode: int, status: dict[str, Any]) -> int:
     how = how_it_ended(returncode)
-    if "verdict" in status:  # it died while closing the engine, after its report and verdict
-        print(f"ERROR: the {command} process {how} while closing the engine (after its verdict)", flush=True)
-        return max(int(status["verdict"]), EXIT_ERROR) if int(status["verdict"]) != 130 else 130
-    cause = f"the {command} process {how} before it finished"
+    if "verdict" in status and int(status["verdict"]) == 130:  # interrupted: its report already says so
+        print(f"ERROR: the {command} process {how} after it was interrupted", flush=True)
+        return 130
+    if "verdict" in status:  # it died after its verdict: the report files must say error, not what it told
+        cause = f"the {command} process {how} after its verdict"
+    elif status.get("closing"):  # it died inside the engine's close(), before its report
+        cause = f"the {command} process {how} while closing the engine"
+    else:
+        cause = f"the {command} process {how} before it finished"
     run_dir = status.get("run_dir")
     if command != "run" or not run_dir or not (Path(run_dir) / "history.jsonl").is_file():
         print(f"ERROR: {cause}", flush=True)
@@ -108,6 +113,7 @@ def _report_dead_run(run_dir: Path, cause: str) -> int:
         write_report(run_dir, history, analysis, process=cause)
     except OSError as exc:
         print(f"ERROR: cannot write the report in {run_dir}: {exc}")
+        return EXIT_ERROR
     print_summary(analysis, run_dir, history.meta.get("engine"))
     print(f"{analysis.verdict.upper()}: {len(history.examples)} examples recorded, report {run_dir}", flush=True)
     return analysis.exit_code

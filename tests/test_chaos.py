@@ -110,12 +110,14 @@ def test_an_engine_that_fails_to_start_is_an_error_in_one_line(tmp_path, chaos):
 @pytest.mark.parametrize("chaos,cause", [("raise@close", "ERROR: close() raised RuntimeError: chaos: close raised"),
                                          ("hang@close", "close() timed out after 1s"),
                                          ("exit0@close", "exited with code 0 while closing the engine")])
-def test_a_failing_close_is_reported_after_the_verdict_and_never_passes(tmp_path, chaos, cause):
+def test_a_failing_close_is_an_error_in_the_verdict_it_is_part_of(tmp_path, chaos, cause):
     proc = kvparity(*run_args(tmp_path, chaos, "--timeout", "1", "--checks", "parity"), cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out
     assert cause in out
-    assert "PASS: 8 examples" in proc.stdout  # the verdict was printed before close was tried
+    assert proc.stdout.strip().splitlines()[-1].startswith("ERROR: 8 examples")  # closed before the verdict
+    (run_dir,) = run_dirs(tmp_path)
+    assert json.loads((run_dir / "results.json").read_text())["verdict"] == "error"
 
 
 def wait_for_examples(run_root: Path, n: int, proc: subprocess.Popen, limit_s: float = 60) -> Path:

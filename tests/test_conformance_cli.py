@@ -178,9 +178,9 @@ def test_report_keeps_what_it_cannot_recompute(tmp_path, capsys):
     before = json.loads((run_dir / "results.json").read_text())
     assert before["duration_s"] > 0 and before["minimised"]
     assert main(["report", str(run_dir)]) == 1
-    after = json.loads((run_dir / "results.json").read_text())
+    after = json.loads((run_dir / "reanalysis" / "results.json").read_text())  # beside the run's own
     assert after["duration_s"] == before["duration_s"] and after["minimised"] == before["minimised"]
-    assert "## Minimised witnesses" in (run_dir / "report.md").read_text()
+    assert "## Minimised witnesses" in (run_dir / "reanalysis" / "report.md").read_text()
 
 
 def test_report_re_analyses_a_stored_history(tmp_path, capsys):

@@ -1,0 +1,122 @@
+"""`kvparity report RUN_DIR`: re-judge a stored run from its history alone — without re-verdicting it.
+
+A run's verdict is written once, by the run (or, for a run whose process died, by its supervisor), and
+the exit code, results.json, report.md/html and junit.xml agree on it. Re-analysis used to rewrite those
+files: two edited lines of the history, or `--checks parity` on a failed run, turned the folder's FAIL
+into a PASS and left the old witnesses beside it. Now:
+
+- the history's integrity is verified first (conformance.history_chain): an edited, reordered or cut
+  history is refused in one line, exit 3, and nothing is written; so is one whose last chain value is
+  not the `history_digest` the run's results.json recorded (a chain stripped to pass as legacy); a
+  legacy history (written before the chain, its results.json recording no digest) is re-judged and said
+  to be unverified;
+- the re-analysis goes to `RUN_DIR/reanalysis/` (its own results.json, reports, junit.xml, witnesses/),
+  headed by what was re-judged and how; the run's own files are never touched. Only a run folder with
+  no results.json at all (its process was killed before writing one) gets its verdict files written in
+  the folder itself: that is the first verdict, not a second one;
+- a `--checks` that leaves out checks the run chose is said, on the console and in the re-analysis.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from conformance.analysis import Analysis, analyse
+from conformance.contract import UsageError
+from conformance.history import History, NotAHistory, parse, read_events
+from conformance.history_chain import VERIFIED, Integrity, verify
+
+SUBFOLDER = "reanalysis"  # where a re-analysis goes when the run has its own verdict files
+
+
+def read_verified(run_dir: Path) -> tuple[History, Integrity]:
+    """The run's history, verified; a one-line UsageError if it is missing, unreadable or tampered with."""
+    path = run_dir / "history.jsonl"
+    if not path.is_file():
+        raise UsageError(f"no history.jsonl in {run_dir}")
+    try:
+        events, problems = read_events(path)
+        integrity = verify(events)
+        if integrity.problems:
+            raise UsageError(f"{path} fails its integrity check, not re-judged: {integrity.line()}")
+        history = parse(events)
+    except NotAHistory as exc:
+        raise UsageError(str(exc)) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
+    history.errors.extend(problems)
+    return history, integrity
+
+
+def recorded_digest(run_dir: Path) -> str | None:
+    """The history digest the run's own results.json says it was judged on (None: none recorded)."""
+    from conformance.untrusted import read_json
+
+    try:  # capped and depth-checked: results.json is as untrusted as the history (UsageError is a ValueError)
+        digest = read_json(run_dir / "results.json", "results.json").get("history_digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return digest if isinstance(digest, str) else None
+
+
+def refuse_unmatched(run_dir: Path, history: History) -> None:
+    """A history that is not the one the run's verdict was written from (its chain stripped to pass as
+    legacy, or re-chained after an edit) is refused: the verdict files and the evidence must agree."""
+    recorded = recorded_digest(run_dir)
+    if recorded is not None and history.digest != recorded:
+        now = "no chain (read as legacy)" if history.digest is None else f"digest {history.digest[:12]}"
+        raise UsageError(f"{run_dir / 'history.jsonl'} fails its integrity check, not re-judged: it is not the "
+                         f"history the run was judged on (results.json records digest {recorded[:12]}, the "
+                         f"history has {now})")
+
+
+def run_checks(history: History) -> list[str]:
+    """The registered checks the run chose (all of them where it did not record its choice)."""
+    from conformance.checks import CHECKS
+
+    chosen = history.meta.get("checks")
+    return [c for c in chosen if c in CHECKS] if isinstance(chosen, list) and chosen else list(CHECKS)
+
+
+def _write(run_dir: Path, subfolder: str, history: History, analysis: Analysis, info: dict[str, Any]) -> None:
+    from conformance.report import write_report
+    from conformance.run_folder import clear_folder
+
+    try:
+        if subfolder:
+            clear_folder(run_dir, f"{subfolder}/witnesses")  # no earlier re-analysis' witness beside this one
+        write_report(run_dir, history, analysis, subfolder=subfolder, reanalysis=info)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report in {run_dir}: {exc}") from None
+
+
+def reanalyse(run_dir: Path, asked: Sequence[str] = ()) -> int:
+    """Re-judge `run_dir` with the checks `asked` (none: those the run chose); print the verdict and
+    where it was written; return its exit code."""
+    history, integrity = read_verified(run_dir)
+    refuse_unmatched(run_dir, history)
+    analysis = analyse(history, list(asked) or history.meta.get("checks") or None)
+    chosen = list(analysis.checks)
+    left_out = [c for c in run_checks(history) if c not in chosen]
+    first = not asked and not os.path.lexists(run_dir / "results.json")
+    subfolder = "" if first else SUBFOLDER
+    summary = (f"checks {', '.join(chosen)}"
+               + (f"; check set NARROWED: the run also chose {', '.join(left_out)}, not re-judged here"
+                  if left_out else "") + f"; {integrity.line()}")
+    _write(run_dir, subfolder, history, analysis,
+           {"checks": chosen, "narrowed": left_out, "integrity": integrity.status, "summary": summary})
+    for name, r in analysis.checks.items():
+        print(f"{name:22s} {r.status}")
+    for e in analysis.errors:
+        print(f"ERROR: {e}")
+    if integrity.status != VERIFIED:
+        print(f"NOTE: {integrity.line()}")
+    if left_out:
+        print(f"NOTE: check set narrowed to {', '.join(chosen)}; the run also chose {', '.join(left_out)}: "
+              "this is not the run's verdict")
+    told = "" if first else f"; the run's own verdict files are unchanged, the re-analysis is in {run_dir / SUBFOLDER}"
+    print(f"{analysis.verdict.upper()}: re-analysed {len(history.examples)} examples from "
+          f"{run_dir / 'history.jsonl'}{told}")
+    return analysis.exit_code
