@@ -103,8 +103,9 @@ class Client:
                 continue
             finally:
                 watchdog.cancel()
-            if cut.is_set():  # the watchdog fired as the answer completed: that socket is unusable
+            if cut.is_set():  # a cut socket reads as a short, clean end: whatever came is not the answer
                 self.close()
+                raise EngineError(f"{method} {path}: {bound}")
             return resp.status, payload, elapsed
         raise AssertionError("unreachable")
 
