@@ -4,7 +4,7 @@ A witness is a file anyone can hand you, and its strings (salts, request ids, ti
 name) end up in a Python script that someone will run. Three rules keep them inert:
 
 - `shown(value)`: a value written into prose (the docstring's story) is shown on one printable line —
-  as is when it is a plain word, else as its `ascii()` (quotes, backslashes, newlines, NUL, U+2028 and
+  as is when it is printable ASCII without quotes or backslashes, else as its `ascii()` (quotes, backslashes, newlines, NUL, U+2028 and
   every other non-ASCII character escaped), so no value can start a line of its own (no `# -*- coding`
   line, no fake step) or smuggle a control character into the file;
 - `docstring(text)`: the docstring literal is built from its intended value, with backslashes and every
@@ -20,11 +20,11 @@ from __future__ import annotations
 import ast
 import re
 
-_PLAIN = re.compile(r"[A-Za-z0-9_.:@/+=-]*")
+_PLAIN = re.compile(r"[ !#-&(-\[\]-~]*")  # printable ASCII but the quotes and the backslash
 
 
 def shown(value: object) -> str:
-    """`value` for prose: a plain word as is, anything else as its one-line, ASCII-only `ascii()`."""
+    """`value` for prose: plain text as is, anything else as its one-line, ASCII-only `ascii()`."""
     text = value if isinstance(value, str) else str(value)
     return text if _PLAIN.fullmatch(text) else ascii(text)
 
