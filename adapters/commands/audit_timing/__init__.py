@@ -5,8 +5,8 @@ tenants? Decided from client-side time to first token alone (Gu et al., ICML 202
         [--sequential] [--max-probes 500] [--max-seconds 900] [--letters 800] [--share 1.0]
         [--victim-repeats 1] [--no-salt] [--seed 0] [--out DIR]
 
-Three rooms: `procedure` (prompts, parties, the hit and miss procedures, the client and its clock),
-`decision` (the one-sided KS test, α = 1e-8, and the sequential plan), `report` (results.json, report.md,
+Four rooms: `procedure` (prompts, parties, the hit and miss procedures), `client` (HTTP, its clock and
+its deadlines), `decision` (the one-sided KS test, α = 1e-8, and the sequential plan), `report` (results.json, report.md,
 ttft.png). Exit: 1 when cross-tenant sharing is detected (the endpoint leaks across tenants); 2 when
 the positive control — the same-user level, where any working prompt cache must show — was tested and
 showed nothing (the audit had no power, so "no cross-tenant sharing" would mean nothing), or a level ran
@@ -14,7 +14,10 @@ out of time; 0 otherwise; 3 on a usage error or a failed request (fail closed: a
 measure never says "no sharing").
 
 Bounded: at most `--max-probes` timed probes per level (each probe also costs the victim's
-`--victim-repeats` requests) and `--max-seconds` in all. Loopback only unless `--allow-remote`: an audit
+`--victim-repeats` requests) and `--max-seconds` in all, a hard bound: every request has a wall-clock
+deadline, `--timeout` from its start or the end of `--max-seconds` if that comes first, however slowly the
+server drips its answer; a request cut off at either is exit 3 with one line. A level the time bound
+reaches between two probes is inconclusive (exit 2), never judged on its partial sample. Loopback only unless `--allow-remote`: an audit
 sends a provider hundreds of requests, which is a decision to take on purpose, never by default.
 """
 
@@ -104,18 +107,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _first_model(base_url: str, timeout: float) -> tuple[str, str]:
-    from adapters.openai_http.transport import Http
-
-    http = Http(base_url, timeout)
-    data = http.call("GET", "/v1/models")
+def _first_model(client) -> tuple[str, str]:
+    """The first model GET /v1/models lists, and what GET /version says (within the client's deadlines)."""
+    data = client.get_json("/v1/models")
     try:
         model = data["data"][0]["id"]
     except (KeyError, IndexError, TypeError) as exc:
         raise EngineError(f"/v1/models lists no model: {str(data)[:80]}") from exc
+    if not isinstance(model, str):
+        raise EngineError(f"/v1/models lists a model id that is not a string: {str(model)[:80]}")
     version = "unknown"
     try:
-        v = http.call("GET", "/version", timeout=5)
+        v = client.get_json("/version", timeout=min(5.0, client.timeout))
         if isinstance(v, dict) and v.get("version"):
             version = str(v["version"]) + (f" (cache scope {v['cache_scope']})" if "cache_scope" in v else "")
     except EngineError:
@@ -126,13 +129,15 @@ def _first_model(base_url: str, timeout: float) -> tuple[str, str]:
 def audit(args: argparse.Namespace) -> int:
     from adapters.commands.audit_timing import report
     from adapters.commands.audit_timing.decision import Plan
-    from adapters.commands.audit_timing.procedure import Client, Procedure, new_nonce, parties, run_level
+    from adapters.commands.audit_timing.client import Client
+    from adapters.commands.audit_timing.procedure import Procedure, new_nonce, parties, run_level
 
     start = time.monotonic()
     deadline = start + args.max_seconds
+    client = Client(args.base_url, args.model, args.timeout, run_deadline=deadline, max_seconds=args.max_seconds)
     try:
-        found, version = _first_model(args.base_url, args.timeout)
-        client = Client(args.base_url, args.model or found, args.timeout)
+        found, version = _first_model(client)
+        client.model = args.model or found
         procedure = Procedure(args.letters, args.share, args.victim_repeats)
         plan = Plan(args.max_probes, args.sequential, args.look_every)
         rng = random.Random(args.seed)
@@ -150,10 +155,11 @@ def audit(args: argparse.Namespace) -> int:
 
             results.append(run_level(level, plan, procedure, client, rng, victim, attacker, deadline,
                                      progress if args.sequential else None))
-        client.close()
-    except EngineError as exc:
-        print(f"kvparity audit-timing: error: {exc}", file=sys.stderr)
+    except EngineError as exc:  # a failed or cut-off request: no verdict from what was measured before it
+        print(f"kvparity audit-timing: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        client.close()
     code, conclusion = decide(results)
     report.write(args.out, target=args.base_url, version=version, levels=results, procedure=procedure,
                  client=client, seed=args.seed, elapsed_s=time.monotonic() - start, exit_code=code,

@@ -22,25 +22,26 @@ With `no_salt` the audit sends no `cache_salt` at all (tenancy is then only `use
 is how to ask whether a server shares across requests that name no tenant. Every salt carries a fresh
 nonce, so an audit never meets an earlier audit's cache entries.
 
-The clock: client-side wall time from sending the request to the whole answer (`max_tokens=1`, not
-streamed: the answer is the first token), over one keep-alive connection so no connection set-up enters
-the measurement.
+The clock (`client`): client-side wall time from sending the request to the whole answer (`max_tokens=1`,
+not streamed: the answer is the first token), over one keep-alive connection so no connection set-up
+enters the measurement; every request within a wall-clock deadline.
+
+A level the run's time bound ends between two probes stops "time": it keeps its probes for the report
+but no test of them counts as a detection (a fixed-sample test is planned at the probe budget, and the
+sequential looks at their planned counts), so a time-cut level is never a verdict from partial data.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
 import random
 import secrets
 import time
-import urllib.parse
-from typing import Any, Callable
+from typing import Callable
 
 import attrs
 
+from adapters.commands.audit_timing.client import Client
 from adapters.commands.audit_timing.decision import Plan, Test, ks_faster
-from conformance.contract import EngineError
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 LEVELS = ("same-user", "same-org", "cross-tenant")
@@ -65,73 +66,6 @@ def parties(level: str, nonce: str, no_salt: bool) -> tuple[Party, Party]:
             raise ValueError("cross-tenant needs cache_salt (drop --no-salt, or test same-user,same-org)")
         return victim, Party(org_a, f"user-a-{nonce}")
     raise ValueError(f"unknown level {level!r}; choose from {', '.join(LEVELS)}")
-
-
-class Client:
-    """POST /v1/completions over one keep-alive connection; a failure is an EngineError (fail closed)."""
-
-    def __init__(self, base_url: str, model: str, timeout: float) -> None:
-        u = urllib.parse.urlsplit(base_url)
-        self.host, self.port = u.hostname or "127.0.0.1", u.port or (443 if u.scheme == "https" else 80)
-        self.https, self.prefix = u.scheme == "https", u.path.rstrip("/")
-        self.model, self.timeout = model, timeout
-        self.conn: http.client.HTTPConnection | None = None
-        self.requests = 0
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.unreported = 0  # answers without usage counts
-
-    def _connect(self) -> http.client.HTTPConnection:
-        if self.conn is None:
-            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-            self.conn = cls(self.host, self.port, timeout=self.timeout)
-        return self.conn
-
-    def complete(self, prompt: str, party: Party) -> float:
-        """Send one `max_tokens=1` completion as `party`; return its client-side latency in seconds."""
-        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-        if party.salt is not None:
-            body["cache_salt"] = party.salt
-        if party.user is not None:
-            body["user"] = party.user
-        data = json.dumps(body).encode()
-        for attempt in (0, 1):  # one reconnect: a keep-alive connection the server closed while idle
-            conn = self._connect()
-            try:
-                t0 = time.perf_counter()
-                conn.request("POST", self.prefix + "/v1/completions", data, {"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                payload = resp.read()
-                elapsed = time.perf_counter() - t0
-                break
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-                self.close()
-                if attempt:
-                    raise EngineError(f"connection to {self.host}:{self.port} lost: {exc}") from exc
-            except (OSError, http.client.HTTPException) as exc:
-                self.close()
-                raise EngineError(f"POST /v1/completions to {self.host}:{self.port} failed: "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        if resp.status != 200:
-            raise EngineError(f"HTTP {resp.status} from /v1/completions: {payload[:200].decode(errors='replace')}")
-        try:
-            answer = json.loads(payload)
-            answer["choices"][0]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise EngineError(f"malformed completion: {payload[:80]!r}") from exc
-        self.requests += 1
-        usage = answer.get("usage") or {}
-        if isinstance(usage.get("prompt_tokens"), int):
-            self.prompt_tokens += usage["prompt_tokens"]
-            self.completion_tokens += int(usage.get("completion_tokens") or 0)
-        else:
-            self.unreported += 1
-        return elapsed
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
 
 
 @attrs.define
@@ -200,9 +134,7 @@ def run_level(level: str, plan: Plan, procedure: Procedure, client: Client, rng:
         rng.shuffle(order)
         for hit in order:
             if time.monotonic() > deadline:
-                out.stopped = "time"
-                if not plan.sequential and out.hits and out.misses:  # a sequential run keeps its planned looks
-                    out.looks.append(ks_faster(out.hits, out.misses))
+                out.stopped = "time"  # no look of the partial sample: `final` shows it, `detected` ignores it
                 return out
             t = procedure.run_one(client, rng, hit, victim, attacker)
             (out.hits if hit else out.misses).append(t)

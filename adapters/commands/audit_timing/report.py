@@ -9,7 +9,8 @@ import pathlib
 import statistics
 from typing import Any, Sequence
 
-from adapters.commands.audit_timing.procedure import Client, LevelResult, Procedure
+from adapters.commands.audit_timing.client import Client
+from adapters.commands.audit_timing.procedure import LevelResult, Procedure
 
 
 def _ms(xs: Sequence[float]) -> str:

@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from adapters.commands.export.quoting import docstring, shown, string_literal
 from conformance.contract import UsageError
 
 EXPORTERS = {name: f"adapters.commands.export.{name}"
@@ -54,25 +55,23 @@ def _plan_literal(plan: dict) -> str:
     """The plan as a JSON string literal, a list of numbers (a prompt, an output) on one line."""
     text = _NUMBERS.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]",
                         json.dumps(plan, indent=1))
-    if "'''" in text or text.endswith("\\"):
-        return f"load_plan({text!r})"  # still a JSON string literal, read by json.loads
-    return f"load_plan(r'''\n{text}\n''')"
+    return f"load_plan({string_literal(text)})"  # read by json.loads: witness text stays data
 
 
 def story(plan: dict) -> str:
-    """The steps in a line each: what a reader should see before the JSON."""
+    """The steps in a line each: what a reader should see before the JSON (witness values `shown`)."""
     lines = []
     for step in plan["steps"]:
         if step["step"] == "configure":
-            lines.append("configure " + ", ".join(f"{k}={v}" for k, v in step["config"].items()))
+            lines.append("configure " + ", ".join(f"{shown(k)}={shown(v)}" for k, v in step["config"].items()))
         elif step["step"] == "reset":
             lines.append("reset (flush the prefix cache)")
         else:
             reqs = []
             for q in step["requests"]:
-                ident = ", ".join(f"{k} {v}" for k, v in q["identity"].items() if v is not None and k != "adapter_digest"
-                                  and not (k == "revision" and v == "a"))
-                reqs.append(f"{q['id']}: {len(q['prompt'])}-token prompt, max_tokens {q['max_tokens']}"
+                ident = ", ".join(f"{k} {shown(v)}" for k, v in q["identity"].items()
+                                  if v is not None and k != "adapter_digest" and not (k == "revision" and v == "a"))
+                reqs.append(f"{shown(q['id'])}: {len(q['prompt'])}-token prompt, max_tokens {q['max_tokens']}"
                             + (f", stop {q['stop_ids']}" if q["stop_ids"] else "") + (f", {ident}" if ident else "")
                             + f" -> expected {q['expected']['output']}")
             lines.append(f"batch {step['index']}: " + "; ".join(reqs))
@@ -82,19 +81,19 @@ def story(plan: dict) -> str:
 def render(plan: dict, exporter, witness: str, args: dict | None = None, out: str = "THIS_FILE") -> str:
     """The reproducer's source: a docstring saying what it is, the checker, the driver, the plan."""
     w = plan["witness"]
-    title = f" — {w['title']}" if w.get("title") else ""
-    doc = (f'"""Standalone reproducer: kvparity witness {w["file"]} ({w["check"]}{title}) on '
-           f'{plan["description"].rsplit(" on ", 1)[-1].rstrip(".")}.\n\n'
-           f"Exported by `kvparity export {witness}`. It does not import kvparity: it needs\n"
-           f"{exporter.NEEDS}.\n"
-           f"Witness engine arguments: {json.dumps(w['engine_args'])}. Steps (from a cold cache):\n"
-           f"{story(plan)}\n"
-           f"Run:  python {out}   (--help lists its options)\n"
-           f"Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still\n"
-           f"misbehaves (one line: the claim, the request, the first divergent position, expected vs got);\n"
-           f"3 the case could not be run.\n"
-           f"{exporter.how(args or {}) if hasattr(exporter, 'how') else getattr(exporter, 'HOW', '')}"
-           f'"""\n')
+    title = f" — {shown(w['title'])}" if w.get("title") else ""
+    text = (f"Standalone reproducer: kvparity witness {shown(w['file'])} ({shown(w['check'])}{title}) on "
+            f"{shown(plan['description'].rsplit(' on ', 1)[-1].rstrip('.'))}.\n\n"
+            f"Exported by `kvparity export {shown(witness)}`. It does not import kvparity: it needs\n"
+            f"{exporter.NEEDS}.\n"
+            f"Witness engine arguments: {json.dumps(w['engine_args'])}. Steps (from a cold cache):\n"
+            f"{story(plan)}\n"
+            f"Run:  python {shown(out)}   (--help lists its options)\n"
+            f"Exit: 0 every output equals plain greedy decoding and every claim held; 1 the engine still\n"
+            f"misbehaves (one line: the claim, the request, the first divergent position, expected vs got);\n"
+            f"3 the case could not be run.\n"
+            f"{exporter.how(args or {}) if hasattr(exporter, 'how') else getattr(exporter, 'HOW', '')}")
+    doc = docstring(text) + "\n"  # every witness value escaped: a quote in a title cannot end it
     helpers = "".join("\n\n" + inspect.getsource(fn) for fn in getattr(exporter, "HELPERS", ()))
     if helpers:  # the names their annotations use
         helpers = ("\n\n# --- the adapter's own helpers, embedded by source ---\n"

@@ -152,7 +152,9 @@ def build(path: str | Path, exporter: ModuleType, target: str, named: str, args:
     failure = data.get("failure") if isinstance(data.get("failure"), dict) else {}
     return {
         "format": FORMAT,
-        "description": f"Standalone reproducer of kvparity witness {path.name} ({check}) on {target}.",
+        # argparse formats a description with %: a witness's own % signs must reach --help as text
+        "description": (f"Standalone reproducer of kvparity witness {path.name} ({check}) on "
+                        f"{target}.").replace("%", "%%"),
         "witness": {"file": path.name, "engine": named, "engine_args": dict(args), "check": check,
                     "case_id": failure.get("case_id"), "title": failure.get("title")},
         "tolerance": float(caps.tolerance), "eos_id": caps.eos_id,

@@ -9,11 +9,13 @@ Routes (the wire format is vLLM's, so the HTTP adapter drives this server and vL
   GET  /v1/models            the base model (`--model-name`, default kvparity) and the shipped LoRA names
   POST /v1/completions       prompt: token ids or text (tokenized with the shipped tokenizer, no BOS);
                              max_tokens, stop_token_ids, logprobs (top-n), cache_salt, user,
-                             return_token_ids, return_tokens_as_token_ids; greedy only
+                             return_token_ids, return_tokens_as_token_ids, seed; greedy only. Any other
+                             parameter, or one at a value this server cannot honour, is a 400 (`params`)
   POST /reset_prefix_cache   forget every reusable KV (vLLM's dev-mode endpoint, same name)
   GET  /health, GET /version, GET /metrics   (Prometheus text: engine steps, the largest batch, requests)
 Answers carry `usage.prompt_tokens_details.cached_tokens` — the engine's own count of prompt tokens whose
-KV came from the prefix cache (so with a fault planted, whatever the faulty engine reports).
+KV came from the prefix cache (so with a fault planted, whatever the faulty engine reports). Every error
+is OpenAI-style JSON: a body over `MAX_BODY` a 413, a body nested too deep for the JSON decoder a 400.
 
 Cache scope: how the request's tenant fields become the engine identity whose salt keys the prefix cache.
   user     salt = (cache_salt, user): KV shared only by the same user of the same tenant
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from typing import Any
 
@@ -37,16 +40,13 @@ import torch
 from aiohttp import web
 
 from adapters.commands.serve.loop import EngineFailed, EngineLoop, RequestRefused
+from adapters.commands.serve.params import BadRequest, Completion, parse
 from reference_engine.model import DenseKV
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.sequence import Identity, Report
 
 SCOPES = ("user", "tenant", "global")
 VERSION = "0.1.0"
-
-
-class BadRequest(Exception):
-    """A request this server cannot answer as asked: HTTP 400 with the message."""
 
 
 def cache_salt(scope: str, salt: str | None, user: str | None) -> str | None:
@@ -60,9 +60,27 @@ def cache_salt(scope: str, salt: str | None, user: str | None) -> str | None:
     return f"{len(salt or '')}:{salt or ''}|user:{user or ''}"  # length-prefixed: no two pairs collide
 
 
+MAX_BODY = 4 * 1024 * 1024  # bytes: a 1024-token context needs a few KB; more is a mistake or an attack
+
+
 def _error(status: int, message: str) -> web.Response:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    """Every error as OpenAI-style JSON: aiohttp's own (413 body too large, 404, 405) and a handler's
+    unexpected exception (a 500 that says what broke, never aiohttp's plain-text page)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.text or exc.reason)
+    except Exception as exc:  # noqa: BLE001 — answered, and logged with its traceback
+        logging.getLogger("kvparity.serve").exception("unhandled error in %s", request.path)
+        return _error(500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 class CompletionServer:
@@ -79,7 +97,7 @@ class CompletionServer:
         self.requests = 0
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=4 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[json_errors])
         app.add_routes([web.get("/v1/models", self.models), web.post("/v1/completions", self.completions),
                         web.post("/reset_prefix_cache", self.reset), web.get("/health", self.health),
                         web.get("/version", self.version), web.get("/metrics", self.metrics)])
@@ -118,20 +136,22 @@ class CompletionServer:
     # -- completions --------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
+            body = await request.json()  # past MAX_BODY aiohttp raises its 413, answered by json_errors
         except ValueError:
             return _error(400, "the body is not JSON")
+        except RecursionError:  # the C decoder's guard against a document nested thousands deep
+            return _error(400, "the body is not JSON this server reads: nested too deep")
         try:
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
-            prompt, max_tokens, stop_ids, identity, opts = self._parse(body)
+            q = parse(body, model_name=self.model_name, adapters=self.registry.adapters(), tokenizer=self.tokenizer,
+                      vocab=self.vocab, revision=self.revision,
+                      salt_of=lambda salt, user: cache_salt(self.scope, salt, user))
         except BadRequest as exc:
             return _error(400, str(exc))
         request_id = f"cmpl-{next(self._ids)}"  # numbered in arrival order
         self.requests += 1
         fut = asyncio.get_running_loop().create_future()
         try:
-            self.loop.submit(request_id, prompt, max_tokens, stop_ids, identity, self._resolver(fut))
+            self.loop.submit(request_id, q.prompt, q.max_tokens, q.stop_ids, q.identity, self._resolver(fut))
         except EngineFailed as exc:
             return _error(503, str(exc))
         outcome = await fut
@@ -139,7 +159,7 @@ class CompletionServer:
             return _error(400, str(outcome))
         if isinstance(outcome, BaseException):
             return _error(500, str(outcome))
-        return web.json_response(self._answer(request_id, body, prompt, identity, outcome, opts))
+        return web.json_response(self._answer(request_id, q, outcome))
 
     @staticmethod
     def _resolver(fut: asyncio.Future):
@@ -153,50 +173,7 @@ class CompletionServer:
             loop.call_soon_threadsafe(settle)
         return done
 
-    def _parse(self, body: dict[str, Any]) -> tuple:
-        model = body.get("model", self.model_name)
-        adapter = None
-        if model != self.model_name:
-            if model not in self.registry.adapters():
-                raise BadRequest(f"model {model!r} is not served; see GET /v1/models")
-            adapter = model
-        raw = body.get("prompt")
-        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (list, str)):
-            raw = raw[0]  # a batch of one prompt
-        if isinstance(raw, str):
-            prompt = tuple(self.tokenizer.encode(raw, add_special_tokens=False).ids)
-        elif isinstance(raw, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-            prompt = tuple(raw)
-        else:
-            raise BadRequest("prompt must be a string or a list of token ids (one prompt per request)")
-        max_tokens = body.get("max_tokens", 16)
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-            raise BadRequest(f"max_tokens must be an integer, got {max_tokens!r}")
-        stop_ids = body.get("stop_token_ids") or []
-        if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
-            raise BadRequest("stop_token_ids must be a list of token ids")
-        if body.get("stop"):
-            raise BadRequest("stop strings are not supported; use stop_token_ids")
-        if body.get("temperature") not in (None, 0, 0.0) or isinstance(body.get("temperature"), bool):
-            raise BadRequest("this server decodes greedily only: temperature must be 0")
-        if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
-            raise BadRequest("n must be 1")
-        if body.get("stream"):
-            raise BadRequest("streaming is not supported")
-        salt, user = body.get("cache_salt"), body.get("user")
-        for name, value in (("cache_salt", salt), ("user", user)):
-            if value is not None and not isinstance(value, str):
-                raise BadRequest(f"{name} must be a string")
-        logprobs = body.get("logprobs")
-        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
-            raise BadRequest("logprobs must be a non-negative integer")
-        identity = Identity(self.revision, adapter, cache_salt(self.scope, salt, user))
-        opts = {"logprobs": logprobs, "ids": bool(body.get("return_token_ids")),
-                "as_ids": bool(body.get("return_tokens_as_token_ids"))}
-        return prompt, max_tokens, tuple(stop_ids), identity, opts
-
-    def _answer(self, request_id: str, body: dict, prompt: tuple[int, ...], identity: Identity, rep: Report,
-                opts: dict) -> dict[str, Any]:
+    def _answer(self, request_id: str, q: Completion, rep: Report) -> dict[str, Any]:
         output = list(rep.output)
         finish, stop_reason = "length", None
         if rep.finish_reason == "eos":
@@ -207,15 +184,15 @@ class CompletionServer:
             finish = "abort"
         choice: dict[str, Any] = {"index": 0, "text": self.tokenizer.decode(output, skip_special_tokens=False),
                                   "finish_reason": finish, "stop_reason": stop_reason}
-        if opts["ids"]:
+        if q.ids:
             choice["token_ids"] = output
-            choice["prompt_token_ids"] = list(prompt)
-        if opts["logprobs"]:
-            choice["logprobs"] = self._logprobs(prompt, output, identity, opts["logprobs"], opts["as_ids"])
+            choice["prompt_token_ids"] = list(q.prompt)
+        if q.logprobs is not None:  # 0: each chosen token's logprob, no alternatives
+            choice["logprobs"] = self._logprobs(q.prompt, output, q.identity, q.logprobs, q.as_ids)
         return {"id": request_id, "object": "text_completion", "created": int(time.time()),
-                "model": body.get("model", self.model_name), "choices": [choice],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(output),
-                          "total_tokens": len(prompt) + len(output),
+                "model": q.model, "choices": [choice],
+                "usage": {"prompt_tokens": len(q.prompt), "completion_tokens": len(output),
+                          "total_tokens": len(q.prompt) + len(output),
                           "prompt_tokens_details": {"cached_tokens": rep.cached_tokens}}}
 
     @torch.no_grad()
