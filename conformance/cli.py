@@ -352,15 +352,16 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
 
 def cmd_report(args: argparse.Namespace) -> int:
     from conformance.analysis import analyse
-    from conformance.history import NotAHistory, load
+    from conformance.history import NotAHistory
+    from conformance.history_files import history_in, load_history
     from conformance.report import write_report
 
     run_dir = Path(args.run_dir)
-    history_path = run_dir / "history.jsonl"
-    if not history_path.is_file():
-        raise UsageError(f"no history.jsonl in {run_dir}")
+    history_path = history_in(run_dir)  # history.jsonl, or a committed folder's history.jsonl.gz
+    if history_path is None:
+        raise UsageError(f"no history.jsonl (or history.jsonl.gz) in {run_dir}")
     try:
-        history = load(history_path)
+        history = load_history(history_path)
     except NotAHistory as exc:
         raise UsageError(str(exc)) from None
     except (ValueError, KeyError, TypeError) as exc:
