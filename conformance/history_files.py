@@ -7,8 +7,9 @@ report`, `kvparity export` looking for the run's capabilities, the museum's page
 re-read committed runs) goes through here, so both forms read the same.
 
 `conformance.history.read_events` opens its path with the builtin `open`; until it uses
-`open_history`, a gzipped history is decompressed into a temporary `history.jsonl` and read from there
-(same messages, same line numbers).
+`open_history` (this module imports conformance.history only inside its functions, so history.py can
+import `open_history` at its top), a gzipped history is decompressed into a temporary `history.jsonl`
+and read from there (same messages, same line numbers).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from conformance.history import History, NotAHistory, load
+if TYPE_CHECKING:
+    from conformance.history import History
 
 HISTORY = "history.jsonl"
 GZIPPED = HISTORY + ".gz"
@@ -51,6 +53,8 @@ def open_history(path: str | os.PathLike[str]) -> IO[str]:
 def load_history(path: str | os.PathLike[str]) -> History:
     """`conformance.history.load` of a history file, plain or gzipped. A gzip file that is not one (or is
     cut short) raises `NotAHistory` naming `path`, like any other unreadable history."""
+    from conformance.history import NotAHistory, load
+
     if not is_gzipped(path):
         return load(path)
     with tempfile.TemporaryDirectory(prefix="kvparity-history-") as tmp:
