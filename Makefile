@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY    := $(VENV)/bin/python
 EXTRAS ?= dev
 
-.PHONY: setup chromium run test reports reports-fault-zoo reports-economics reports-museum
+.PHONY: setup chromium run test reports reports-fault-zoo reports-economics reports-museum reports-gzip
 setup: $(VENV)/.kvparity-installed
 
 $(VENV)/.kvparity-installed: pyproject.toml
@@ -45,6 +45,13 @@ reports: reports-fault-zoo reports-economics
 # The bug museum (reports/museum.md): builds one venv per engine release under .kvparity/venvs (GBs; hours).
 reports-museum: setup
 	$(VENV)/bin/kvparity museum --runs reports/museum --out reports/museum.md
+	@$(MAKE) --no-print-directory reports-gzip
+
+# Committed run folders keep their history gzipped (history.jsonl.gz: every reader of a stored run folder
+# reads it, conformance/history_files.py); report.html and junit.xml are git-ignored (`kvparity report
+# RUN_DIR` writes them again). Run this after copying a run folder into reports/<engine>/<label>/.
+reports-gzip:
+	find reports -name history.jsonl -type f -exec gzip -9 -n -f {} +
 
 reports-fault-zoo: setup
 	mkdir -p $(dir $(ZOO_NOTES))
