@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY    := $(VENV)/bin/python
 EXTRAS ?= dev
 
-.PHONY: setup chromium run test reports reports-fault-zoo reports-economics reports-museum
+.PHONY: setup chromium run test reports reports-fault-zoo reports-economics reports-museum reports-gzip
 setup: $(VENV)/.kvparity-installed
 
 $(VENV)/.kvparity-installed: pyproject.toml
@@ -45,6 +45,13 @@ reports: reports-fault-zoo reports-economics
 # The bug museum (reports/museum.md): builds one venv per engine release under .kvparity/venvs (GBs; hours).
 reports-museum: setup
 	$(VENV)/bin/kvparity museum --runs reports/museum --out reports/museum.md
+	@$(MAKE) --no-print-directory reports-gzip
+
+# Committed run folders keep their history gzipped (history.jsonl.gz: every reader of a stored run folder
+# reads it, conformance/history_files.py); report.html and junit.xml are git-ignored (`kvparity report
+# RUN_DIR` writes them again). Run this after copying a run folder into reports/<engine>/<label>/.
+reports-gzip:
+	find reports -name history.jsonl -type f -exec gzip -9 -n -f {} +
 
 reports-fault-zoo: setup
 	mkdir -p $(dir $(ZOO_NOTES))
@@ -54,20 +61,47 @@ reports-fault-zoo: setup
 reports-economics: setup
 	$(VENV)/bin/kvparity bench --engine reference --size full --k 4 --out reports/economics
 
-# The committed standalone reproducers (reproducers/, written by `kvparity export`; they import no
-# kvparity): one per fault-zoo witness, and one per real finding's witness, folder = the report's.
-.PHONY: reproducers
+# Standalone reproducers (`kvparity export`; they import no kvparity) are generated on demand, not
+# committed: `make reproducers` writes one per fault-zoo witness and one per real finding's witness into
+# $(REPRODUCERS_DIR) (git-ignored), folder = the report's. Only PUBLIC_REPRODUCERS are committed, under
+# reproducers/, because a report links them as the public statement of a finding; `make
+# reproducers-public` rewrites them and tests/test_export.py checks they are current.
+.PHONY: reproducers reproducers-public
+REPRODUCERS_DIR ?= .kvparity/reproducers
+# engine folder:witness of each real finding (the public set below, and the rest)
 REPRODUCE := transformers:reports/transformers/20261130-145852/witnesses/parity-f291db0373.json \
 	transformers:reports/transformers/20261130-145852/witnesses/exercised-0379084d2b.json \
-	vllm:reports/vllm/run-lora-20261130-140204/witnesses/parity-40e0b84fa8.json \
+	vllm:reports/vllm/lora-20261130-140204/witnesses/parity-40e0b84fa8.json \
 	vllm:reports/vllm/probes/lora-pair.json \
-	openai_http-vllm:reports/openai_http-vllm/run-20261130-141329/witnesses/parity-79a90c248c.json \
-	llama_cpp:reports/llama_cpp/run-shared-cache/llama_cpp/20261130-140052/witnesses/isolation-a92c06de03.json \
-	llama_cpp:reports/llama_cpp/run-shared-cache/llama_cpp/20261130-140052/witnesses/prefix_only-f608ec1770.json \
-	llama_cpp:reports/llama_cpp/run-shared-ram-parity/llama_cpp/20261130-140657/witnesses/parity-4006517376.json
+	openai_http-vllm:reports/openai_http-vllm/20261130-141329/witnesses/parity-79a90c248c.json \
+	llama_cpp:reports/llama_cpp/shared-cache/witnesses/isolation-a92c06de03.json \
+	llama_cpp:reports/llama_cpp/shared-cache/witnesses/prefix_only-f608ec1770.json \
+	llama_cpp:reports/llama_cpp/shared-ram-parity/witnesses/parity-4006517376.json
+# The public set (committed, reproducers/<folder>/<witness>.py), one line each for why it is public:
+#   vllm/lora-pair: vLLM finding 1 (a base request batched with LoRA requests gets a LoRA applied), the
+#     minimal case that fails every run (reports/vllm/README.md; README "Reproducers that need no kvparity")
+#   openai_http-vllm/parity-79a90c248c: the same finding through vLLM's OpenAI server, stdlib only, failed
+#     2/2 (reports/openai_http-vllm/README.md)
+#   transformers/parity-f291db0373: transformers F1, a persistent manager keeps its first stop ids
+#     (reports/transformers/README.md)
+#   transformers/exercised-0379084d2b: transformers F2, a prefill-only request never publishes its blocks
+#   llama_cpp/isolation-a92c06de03: llama.cpp F1, one prompt cache across identities
+#     (reports/llama_cpp/README.md; its parity face, parity-4006517376, is `make reproducers` only)
+#   llama_cpp/prefix_only-f608ec1770: llama.cpp F4, a repeated prompt reported cached in full
+PUBLIC_REPRODUCERS := vllm:reports/vllm/probes/lora-pair.json \
+	openai_http-vllm:reports/openai_http-vllm/20261130-141329/witnesses/parity-79a90c248c.json \
+	transformers:reports/transformers/20261130-145852/witnesses/parity-f291db0373.json \
+	transformers:reports/transformers/20261130-145852/witnesses/exercised-0379084d2b.json \
+	llama_cpp:reports/llama_cpp/shared-cache/witnesses/isolation-a92c06de03.json \
+	llama_cpp:reports/llama_cpp/shared-cache/witnesses/prefix_only-f608ec1770.json
 
 reproducers: setup
+	mkdir -p $(REPRODUCERS_DIR)/fault-zoo
 	for w in reports/fault-zoo/witnesses/*.json; do \
-	  $(VENV)/bin/kvparity export $$w --out reproducers/fault-zoo/$$(basename $$w .json).py || exit 1; done
-	for pair in $(REPRODUCE); do d=$${pair%%:*}; w=$${pair#*:}; mkdir -p reproducers/$$d; \
+	  $(VENV)/bin/kvparity export $$w --out $(REPRODUCERS_DIR)/fault-zoo/$$(basename $$w .json).py || exit 1; done
+	for pair in $(REPRODUCE); do d=$${pair%%:*}; w=$${pair#*:}; mkdir -p $(REPRODUCERS_DIR)/$$d; \
+	  $(VENV)/bin/kvparity export $$w --out $(REPRODUCERS_DIR)/$$d/$$(basename $$w .json).py || exit 1; done
+
+reproducers-public: setup
+	for pair in $(PUBLIC_REPRODUCERS); do d=$${pair%%:*}; w=$${pair#*:}; mkdir -p reproducers/$$d; \
 	  $(VENV)/bin/kvparity export $$w --out reproducers/$$d/$$(basename $$w .json).py || exit 1; done

@@ -14,12 +14,12 @@ import json
 import sys
 from pathlib import Path
 
-from conformance.history import load
+from conformance.history_files import load_run_history
 from conformance.oracle import DIVERGE, FINISH, NEAR_TIE, compare
 
 
 def picks(run_dir: Path) -> dict[str, int]:
-    history = load(run_dir / "history.jsonl")
+    history = load_run_history(run_dir)  # committed: history.jsonl.gz
     counts = {"results": 0, "divergent": 0, "near_ties": 0, "runner_up": 0, "other_contender": 0}
     for record in history.batches():
         for q, r in zip(record.requests, record.results):

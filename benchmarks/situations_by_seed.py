@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.history import load
+from conformance.history_files import load_history
 from conformance.situations import coverage
 
 
@@ -33,7 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--profile", default="ci")
-    ap.add_argument("--histories", nargs="*", help="history.jsonl files to read instead of running")
+    ap.add_argument("--histories", nargs="*", help="history.jsonl (or .jsonl.gz) files to read instead of running")
     args = ap.parse_args()
     columns = []
     if args.histories:
@@ -43,7 +43,7 @@ def main() -> None:
         for seed in (int(s) for s in args.seeds.split(",")):
             path, wall, code = run(seed, args.profile, tmp / f"seed{seed}")
             columns.append((f"seed {seed}", path, wall, code))
-    tables = [(name, {c.name: c for c in coverage(load(path))}, wall, code) for name, path, wall, code in columns]
+    tables = [(name, {c.name: c for c in coverage(load_history(path))}, wall, code) for name, path, wall, code in columns]
     names = list(tables[0][1])
     print("| situation | relevant | " + " | ".join(t[0] for t in tables) + " |")
     print("|---|---|" + "---|" * len(tables))

@@ -33,9 +33,11 @@ SUBFOLDER = "reanalysis"  # where a re-analysis goes when the run has its own ve
 
 def read_verified(run_dir: Path) -> tuple[History, Integrity]:
     """The run's history, verified; a one-line UsageError if it is missing, unreadable or tampered with."""
-    path = run_dir / "history.jsonl"
-    if not path.is_file():
-        raise UsageError(f"no history.jsonl in {run_dir}")
+    from conformance.history_files import history_in
+
+    path = history_in(run_dir)  # a run's history.jsonl, or a committed folder's history.jsonl.gz
+    if path is None:
+        raise UsageError(f"no history.jsonl (or history.jsonl.gz) in {run_dir}")
     try:
         events, problems = read_events(path)
         integrity = verify(events)
@@ -95,6 +97,8 @@ def _write(run_dir: Path, subfolder: str, history: History, analysis: Analysis, 
 def reanalyse(run_dir: Path, asked: Sequence[str] = ()) -> int:
     """Re-judge `run_dir` with the checks `asked` (none: those the run chose); print the verdict and
     where it was written; return its exit code."""
+    from conformance.history_files import history_in
+
     history, integrity = read_verified(run_dir)
     refuse_unmatched(run_dir, history)
     analysis = analyse(history, list(asked) or history.meta.get("checks") or None)
@@ -118,5 +122,5 @@ def reanalyse(run_dir: Path, asked: Sequence[str] = ()) -> int:
               "this is not the run's verdict")
     told = "" if first else f"; the run's own verdict files are unchanged, the re-analysis is in {run_dir / SUBFOLDER}"
     print(f"{analysis.verdict.upper()}: re-analysed {len(history.examples)} examples from "
-          f"{run_dir / 'history.jsonl'}{told}")
+          f"{history_in(run_dir)}{told}")
     return analysis.exit_code

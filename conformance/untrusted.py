@@ -63,7 +63,24 @@ def read_capped(path: str | os.PathLike[str], cap: int, what: str, errors: str =
         data = fh.read(cap + 1)
     if len(data) > cap:
         raise _too_big(path, what, f"more than {cap}", cap)
+    if path.name.endswith(".gz"):  # a committed history: the cap bounds what it decompresses to, too
+        data = _gunzip_capped(path, data, cap, what)
     return data.decode("utf-8", errors=errors)
+
+
+def _gunzip_capped(path: Path, data: bytes, cap: int, what: str) -> bytes:
+    """The decompressed bytes of a gzip file, at most `cap` of them (a gzip bomb is refused, not held)."""
+    import gzip
+    import io
+
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as fh:
+            plain = fh.read(cap + 1)
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError; EOFError: cut short
+        raise UsageError(f"{what} {path} is not a readable gzip file: {exc}") from None
+    if len(plain) > cap:
+        raise UsageError(f"{what} {path} decompresses to more than {cap // MIB} MiB; refused")
+    return plain
 
 
 # --------------------------------------------------------------------------- depth

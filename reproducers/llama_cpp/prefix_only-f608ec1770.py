@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Standalone reproducer: kvparity witness prefix_only-f608ec1770.json (prefix_only — cache hit covers the last prompt token) on llama_cpp.
 
-Exported by `kvparity export reports/llama_cpp/run-shared-cache/llama_cpp/20261130-140052/witnesses/prefix_only-f608ec1770.json`. It does not import kvparity: it needs
+Exported by `kvparity export reports/llama_cpp/shared-cache/witnesses/prefix_only-f608ec1770.json`. It does not import kvparity: it needs
 llama-cpp-python (0.3.36) and numpy, and f32 GGUF exports of the shipped checkpoints in --gguf-dir
 (default $KVPARITY_GGUF_DIR, else ~/.cache/kvparity/gguf; `kvparity export-gguf` writes them).
 Witness engine arguments: {}. Steps (from a cold cache):

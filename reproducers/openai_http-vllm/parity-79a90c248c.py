@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Standalone reproducer: kvparity witness parity-79a90c248c.json (parity — output differs from plain greedy decoding) on openai_http.
 
-Exported by `kvparity export reports/openai_http-vllm/run-20261130-141329/witnesses/parity-79a90c248c.json`. It does not import kvparity: it needs
+Exported by `kvparity export reports/openai_http-vllm/20261130-141329/witnesses/parity-79a90c248c.json`. It does not import kvparity: it needs
 only the Python standard library, and the server running (--base-url).
 Witness engine arguments: {"serve": "vllm"}. Steps (from a cold cache):
   1. reset (flush the prefix cache)

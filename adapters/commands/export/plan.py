@@ -41,12 +41,12 @@ def witness_json(path: Path) -> dict[str, Any]:
 
 def _history(path: Path) -> Any | None:
     """The run's history beside a run folder's witnesses/ (None for a witness kept on its own)."""
-    from conformance.history import load
+    from conformance.history_files import history_in, load_history
 
-    candidate = path.parent.parent / "history.jsonl"
-    if path.parent.name != "witnesses" or not candidate.is_file():
+    candidate = history_in(path.parent.parent)  # a committed run folder keeps history.jsonl.gz
+    if path.parent.name != "witnesses" or candidate is None:
         return None
-    return load(candidate)
+    return load_history(candidate)
 
 
 def capabilities(data: Mapping[str, Any], history: Any | None, same_engine: bool,

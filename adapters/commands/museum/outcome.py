@@ -14,7 +14,7 @@ from pathlib import Path
 from attrs import frozen
 
 from conformance.analysis import failing_examples, select_checks
-from conformance.history import load
+from conformance.history_files import load_run_history
 from conformance.minimise import witness_size, witness_steps
 
 
@@ -43,7 +43,7 @@ def read(run_dir: Path | None, check: str | None = None, exit_code: int | None =
         return Outcome("error", exit_code, None, note=note or "the run wrote no run folder")
     try:
         results = json.loads((run_dir / "results.json").read_text())
-        history = load(run_dir / "history.jsonl")
+        history = load_run_history(run_dir)  # committed: history.jsonl.gz
         checks = {name: c["status"] for name, c in results["checks"].items()}
         failures = [f for c in results["checks"].values() for f in c.get("failures", [])]
         verdict, examples = str(results["verdict"]), int(results["examples"])
