@@ -418,9 +418,11 @@ def dispatch(argv: Sequence[str], session: Session) -> int:
     except EngineError as exc:
         print(f"kvparity: engine error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("kvparity: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM or SIGHUP in a supervised child (conformance.stopping)
+        from conformance import stopping
+
+        print(f"kvparity: interrupted ({stopping.describe(exc)})", file=sys.stderr)
+        return stopping.exit_code(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -430,11 +432,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console_main() -> None:
     """The `kvparity` console script: supervise `run` and `replay`, run everything else directly."""
-    from conformance import status, supervisor
+    from conformance import lifeline, status, stopping, supervisor
 
     argv = sys.argv[1:]
     if supervisor.should_supervise(argv):
         raise SystemExit(supervisor.supervise(argv))
+    if lifeline.attach():  # a supervised child: it beats for its supervisor and dies with it
+        stopping.install()  # SIGTERM and SIGHUP end the work as Ctrl-C does
     session = Session()
     code = dispatch(argv, session)
     status.tell(exit=code)
