@@ -421,6 +421,7 @@ def dispatch(argv: Sequence[str], session: Session) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM or SIGHUP in a supervised child (conformance.stopping)
         from conformance import stopping
 
+        stopping.ignore_further()
         print(f"kvparity: interrupted ({stopping.describe(exc)})", file=sys.stderr)
         return stopping.exit_code(exc)
 
@@ -438,7 +439,7 @@ def console_main() -> None:
     if supervisor.should_supervise(argv):
         raise SystemExit(supervisor.supervise(argv))
     if lifeline.attach():  # a supervised child: it beats for its supervisor and dies with it
-        stopping.install()  # SIGTERM and SIGHUP end the work as Ctrl-C does
+        stopping.install()  # SIGTERM and SIGHUP end the work as Ctrl-C does, at the next safe point
     session = Session()
     code = dispatch(argv, session)
     status.tell(exit=code)

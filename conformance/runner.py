@@ -310,6 +310,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         @given(scenarios(caps, max_steps=PROFILES[profile]))
         def conformance_example(scenario: tuple[Step, ...]) -> None:
             nonlocal examples
+            stopping.check()  # a SIGTERM between examples stops the run here
             try:
                 runner.run(scenario, examples)
             except EngineError as exc:
@@ -339,6 +340,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
             if not _only_conformance(exc):
                 writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
+        stopping.check()  # stopped before the run ended: INTERRUPTED, not a finished run
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
     except EngineError as exc:
         writer.append("error", cause=one_line(exc))

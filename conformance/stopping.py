@@ -3,9 +3,12 @@
 A CI job that is cancelled, `docker stop`, a closed terminal: each sends a signal that, left at its
 default, ends the process on the spot — no report, an engine left running, or (with the supervisor) a
 child that drives the engine on and writes a PASS folder nobody asked for. In a supervised `kvparity`
-child, SIGTERM and SIGHUP therefore raise `Stopped`, a `KeyboardInterrupt`: every path that already
-turns Ctrl-C into an INTERRUPTED report (history kept, verdict `error`, the engine closed) does the same
-for them, with the signal named in the history's `interrupted` cause.
+child, SIGTERM and SIGHUP are therefore recorded, and the next safe point — the wait for an engine call
+(polled every `POLL_S`), the start of an example, the end of the run before `run_end` — raises
+`Stopped`, a `KeyboardInterrupt`: every path that already turns Ctrl-C into an INTERRUPTED report
+(history kept, verdict `error`, the engine closed) does the same for them, with the signal named in the
+history's `interrupted` cause. A stop that arrives while the engine is being built takes effect at the
+first engine call; the supervisor kills a child that has not ended `STOP_GRACE_S` after the signal.
 
 Exit codes follow the shell's 128 + signal number, so a CI log reads the way it was stopped: 130 for
 SIGINT (Ctrl-C, as before), 143 for SIGTERM, 129 for SIGHUP. A signal whose disposition was "ignore"
@@ -19,6 +22,7 @@ from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_INTERRUPTED = 130
+POLL_S = 0.1
 
 
 class Stopped(KeyboardInterrupt):
@@ -55,28 +59,46 @@ def describe(exc: BaseException) -> str:
     return signal_name(exc.signum) if isinstance(exc, Stopped) else "Ctrl-C"
 
 
-def _raise_stopped(signum: int, frame: Any) -> None:
-    """The first stop signal raises; later ones are ignored so they cannot cut the report being written."""
-    ignore_further()
-    raise Stopped(signum)
+class _State:
+    """Process-wide, as signal dispositions are: the first stop signal, and whether the work took it."""
+
+    requested: int | None = None
+    acknowledged = False
+
+
+_state = _State()
+
+def _request(signum: int, frame: Any) -> None:
+    """The handler records; it does not raise. A handler that raises does so wherever the main thread
+    happens to be — inside a gc callback (Hypothesis installs one) or a `__del__` the exception is
+    printed as "Exception ignored" and lost, and the run goes on. `check()` raises at a safe point."""
+    if _state.requested is None:
+        _state.requested = signum
+
+
+def requested() -> int | None:
+    return _state.requested
+
+
+def check() -> None:
+    """At a safe point (between examples, while waiting for an engine call): raise `Stopped` if a stop
+    signal arrived and the work has not yet taken it."""
+    if _state.requested is not None and not _state.acknowledged:
+        raise Stopped(_state.requested)
 
 
 def ignore_further() -> None:
-    """After the first stop the work is over: a second Ctrl-C, SIGTERM or SIGHUP must not cut the report
-    being written. SIGTERM and SIGHUP are ignored only where `install` made them raise (an embedding
-    program keeps its own handlers). Main thread only, as Python's signal module requires."""
+    """The work has taken the stop (it is writing its report): a second Ctrl-C must not cut the report,
+    and `check()` stops raising. Main thread only, as Python's signal module requires."""
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
-        return
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(s) is _raise_stopped:
-            signal.signal(s, signal.SIG_IGN)
+    _state.acknowledged = True
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def install() -> None:
-    """Make SIGTERM and SIGHUP raise `Stopped` in this process (main thread only; ignored ones stay so)."""
+    """Record SIGTERM and SIGHUP for `check()` in this process (main thread only; ignored ones stay so)."""
     for s in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(s) is not signal.SIG_IGN:
-            signal.signal(s, _raise_stopped)
+            signal.signal(s, _request)
