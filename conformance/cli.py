@@ -1,6 +1,7 @@
 """`kvparity` command line: run, replay, report, engines.
 
-Exit codes (DESIGN.md): 0 pass, 1 fail, 2 inconclusive, 3 error or usage/config problem, 130 interrupted.
+Exit codes (DESIGN.md): 0 pass, 1 fail, 2 inconclusive, 3 error or usage/config problem, 130 interrupted
+(Ctrl-C); a supervised run stopped by SIGTERM exits 143, by SIGHUP 129 (128 + the signal, conformance.stopping).
 Every error path prints one line saying why. Bad input is refused before an engine is built.
 
 `kvparity run` and `kvparity replay` from the console are supervised (`conformance.supervisor`): the

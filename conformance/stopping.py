@@ -3,12 +3,13 @@
 A CI job that is cancelled, `docker stop`, a closed terminal: each sends a signal that, left at its
 default, ends the process on the spot — no report, an engine left running, or (with the supervisor) a
 child that drives the engine on and writes a PASS folder nobody asked for. In a supervised `kvparity`
-child, SIGTERM and SIGHUP are therefore recorded, and the next safe point — the wait for an engine call
-(polled every `POLL_S`), the start of an example, the end of the run before `run_end` — raises
-`Stopped`, a `KeyboardInterrupt`: every path that already turns Ctrl-C into an INTERRUPTED report
-(history kept, verdict `error`, the engine closed) does the same for them, with the signal named in the
-history's `interrupted` cause. A stop that arrives while the engine is being built takes effect at the
-first engine call; the supervisor kills a child that has not ended `STOP_GRACE_S` after the signal.
+child, SIGTERM and SIGHUP (and SIGINT, for the same reason) are therefore recorded, and the next safe
+point — the wait for an engine call (polled every `POLL_S`), the start of an example, the end of the
+run before `run_end` — raises `Stopped`, a `KeyboardInterrupt`: every path that already turns Ctrl-C
+into an INTERRUPTED report (history kept, verdict `error`, the engine closed) does the same for them,
+with the signal named in the history's `interrupted` cause. A stop that arrives while the engine is
+being built takes effect at the first engine call; the supervisor kills a child that has not ended
+`STOP_GRACE_S` after the signal (conformance.supervisor).
 
 Exit codes follow the shell's 128 + signal number, so a CI log reads the way it was stopped: 130 for
 SIGINT (Ctrl-C, as before), 143 for SIGTERM, 129 for SIGHUP. A signal whose disposition was "ignore"
@@ -56,7 +57,7 @@ def interrupted_codes() -> frozenset[int]:
 
 def describe(exc: BaseException) -> str:
     """How the user stopped the work, for the history's `interrupted` cause."""
-    return signal_name(exc.signum) if isinstance(exc, Stopped) else "Ctrl-C"
+    return signal_name(exc.signum) if isinstance(exc, Stopped) and exc.signum != signal.SIGINT else "Ctrl-C"
 
 
 class _State:
@@ -98,7 +99,8 @@ def ignore_further() -> None:
 
 
 def install() -> None:
-    """Record SIGTERM and SIGHUP for `check()` in this process (main thread only; ignored ones stay so)."""
-    for s in (signal.SIGTERM, signal.SIGHUP):
+    """Record SIGINT, SIGTERM and SIGHUP for `check()` in this process (main thread only; ignored ones
+    stay so). SIGINT too: a Ctrl-C raised wherever the main thread is can be lost the same way."""
+    for s in STOP_SIGNALS:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, _request)

@@ -102,8 +102,8 @@ class ServerProcess:
         self.name = name
         fd, log = tempfile.mkstemp(prefix=f"kvparity-{name}-", suffix=".log")
         self.log_path = pathlib.Path(log)
-        self.proc = subprocess.Popen(leash.command(os.getpid(), cmd), stdout=fd, stderr=subprocess.STDOUT, env=dict(env or os.environ),
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(leash.command(os.getpid(), cmd), stdout=fd, stderr=subprocess.STDOUT,
+                                     env=dict(env or os.environ), stdin=subprocess.DEVNULL, start_new_session=True)
         os.close(fd)
         self._finalizer = weakref.finalize(self, _stop, self.proc)
 
