@@ -15,7 +15,7 @@ Two things the supervisor cannot learn from `wait()`:
   (not Linux), the heartbeat thread sees the broken pipe and kills the child's process group itself.
 
 The child is started in its own session by the supervisor, so "the child's process group" is the child
-and whatever it forked; servers it starts have their own lifetime guard (`adapters.leash`).
+and whatever it forked; servers it starts have their own lifetime guard (`adapters.openai_http.leash`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ A child still there `STOP_GRACE_S` after the first stop signal is killed with it
 reported by the parent, still with exit 128 + the signal. Whether the signal reaches the parent alone
 or its whole process group, the child sees it once. The parent's own death (SIGKILL included) takes the
 child with it (`PR_SET_PDEATHSIG`, see `conformance.lifeline`); servers started for the run die with it
-too (`adapters.leash`).
+too (`adapters.openai_http.leash`).
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ def test_the_heartbeat_limit_is_the_runs_timeout_plus_a_margin():
 
 
 def test_the_leash_passes_the_servers_exit_code_on():
-    from adapters import leash
+    from adapters.openai_http import leash
 
     cmd = leash.command(os.getpid(), [sys.executable, "-c", "raise SystemExit(7)"])
     assert subprocess.run(cmd, timeout=30).returncode == 7

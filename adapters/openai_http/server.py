@@ -5,7 +5,7 @@ a log file, a health probe until it answers, and a stop that escalates SIGTERM �
 `weakref.finalize` stops a server whose adapter was dropped without `close()`, so a forgotten close
 never leaves a server running (and no `__del__` runs at an unpredictable time). And a run that never
 closes — killed by SIGKILL, or ended with `os._exit` after a hung call — does not leave it running
-either: the server is started on a leash (`adapters.leash`) that ends it when the run's process is gone.
+either: the server is started on a leash (`adapters.openai_http.leash`) that ends it when the run's process is gone.
 
 The command lines are plain functions of the adapter's arguments, one per server.
 """
@@ -23,7 +23,7 @@ import time
 import weakref
 from typing import Mapping, Sequence
 
-from adapters import leash
+from adapters.openai_http import leash
 from adapters.openai_http.transport import Http, last_line
 from adapters.vllm import speculative_config  # importing the adapter module does not import vLLM
 from conformance.contract import EngineError

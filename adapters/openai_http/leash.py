@@ -1,6 +1,6 @@
 """A server started for a run dies with the run, whatever ends the run (SIGKILL included).
 
-    python -m adapters.leash --parent PID -- SERVER COMMAND ...
+    python -I adapters/openai_http/leash.py --parent PID -- SERVER COMMAND ...
 
 An adapter that starts a server (`serve=vllm|llama_cpp|kvparity` in adapters/openai_http) stops it in
 `close()` — but a run killed by SIGKILL, or one that abandoned a hung call and ended with `os._exit`,
@@ -27,42 +27,47 @@ all three servers, and polling `getppid()` does not depend on which thread start
 
 Linux-first: without prctl the polling still ends the server when the run dies; only a SIGKILL of the
 leash itself then orphans the server.
+
+The leash is a script run with `python -I`: stdlib only, neither the caller's PYTHONPATH nor the script's
+folder among its imports, so it starts wherever the interpreter does and leaves the server's environment
+exactly as the adapter built it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
-import time
 from typing import Any, Sequence
-
-from conformance.lifeline import set_parent_death_signal  # stdlib only: the leash starts fast
 
 POLL_S = 0.5
 GRACE_S = 3.0
 EXIT_USAGE = 3
 
 
+PR_SET_PDEATHSIG = 1
+
+
 def command(parent_pid: int, server: Sequence[str]) -> list[str]:
-    """The command line that starts `server` on a leash held by `parent_pid`. The leash is run from this
-    file's package root on sys.path without touching the server's environment (PYTHONPATH)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    bootstrap = f"import sys; sys.path.insert(0, {root!r}); from adapters.leash import main; sys.exit(main())"
-    return [sys.executable, "-c", bootstrap, "--parent", str(parent_pid), "--", *server]
+    """The command line that starts `server` on a leash held by `parent_pid` (this process, normally)."""
+    return [sys.executable, "-I", os.path.abspath(__file__), "--parent", str(parent_pid), "--", *server]
 
 
 def _parse(argv: Sequence[str]) -> tuple[int, list[str]]:
     argv = list(argv)
     if len(argv) < 4 or argv[0] != "--parent" or argv[2] != "--" or not argv[1].isdigit():
-        raise ValueError("usage: python -m adapters.leash --parent PID -- COMMAND ...")
+        raise ValueError("usage: leash.py --parent PID -- COMMAND ...")
     return int(argv[1]), argv[3:]
 
 
 def _server_death_signal() -> None:
-    """In the server, between fork and exec: SIGTERM when the leash dies."""
-    set_parent_death_signal(signal.SIGTERM)
+    """In the server, between fork and exec: SIGTERM when the leash dies (Linux; elsewhere nothing)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
