@@ -225,3 +225,33 @@ def test_the_leash_passes_the_servers_exit_code_on():
 
     cmd = leash.command(os.getpid(), [sys.executable, "-c", "raise SystemExit(7)"])
     assert subprocess.run(cmd, timeout=30).returncode == 7
+    killed = leash.command(os.getpid(), [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"])
+    assert subprocess.run(killed, timeout=30).returncode == -signal.SIGTERM
+
+
+def test_the_leash_ends_its_server_when_the_process_holding_it_is_gone(tmp_path):
+    """The leash alone: its holder dies by SIGKILL (no `close()`, no handler); the server goes within seconds."""
+    from adapters.openai_http import leash
+
+    pid_file = tmp_path / "server.pid"
+    server = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+                                    "time.sleep(120)"]
+    hold = ("import os, subprocess, sys, time; "
+            "subprocess.Popen([str(os.getpid()) if a == 'HOLDER' else a for a in sys.argv[1:]], "
+            "start_new_session=True); time.sleep(120)")
+    leashed = [a if a != "0" else "HOLDER" for a in leash.command(0, server)[:5]] + leash.command(0, server)[5:]
+    holder = subprocess.Popen([sys.executable, "-c", hold, *leashed], start_new_session=True)
+    server_pid = 0
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        server_pid = int(pid_file.read_text())
+        assert alive(server_pid)
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        assert not wait_gone([server_pid], 10), "the server outlived the process that started it"
+    finally:
+        for pid in (holder.pid, server_pid):
+            if pid and alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -45,8 +45,6 @@ from typing import Any, Sequence
 POLL_S = 0.5
 GRACE_S = 3.0
 EXIT_USAGE = 3
-
-
 PR_SET_PDEATHSIG = 1
 
 
@@ -96,7 +94,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _end(server)
             continue
         _term_rest_of_group()
-        return code
+        return _same_end(code)
+
+
+def _same_end(code: int) -> int:
+    """End as the server did: its exit code, or killed by the same signal (so a caller sees -N as before)."""
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code & 0xFF
 
 
 def _term_rest_of_group() -> None:
