@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, TypeVar
 
+from conformance import stopping
 from conformance.contract import EngineError, UsageError
 from conformance.status import tell
 
@@ -85,10 +86,14 @@ class EngineCalls:
             self._jobs = self._start()
         box: dict[str, Any] = {}
         done = threading.Event()
+        stopping.check()
         self._jobs.put((fn, box, done))
-        if not done.wait(self.timeout_s):
-            self._jobs, self.abandoned = None, True
-            raise EngineError(f"{what} timed out after {self.timeout_s:g}s")
+        deadline = time.monotonic() + self.timeout_s
+        while not done.wait(max(0.0, min(stopping.POLL_S, deadline - time.monotonic()))):
+            stopping.check()  # a SIGTERM / SIGHUP ends the run here, at a safe point (conformance.stopping)
+            if time.monotonic() >= deadline:
+                self._jobs, self.abandoned = None, True
+                raise EngineError(f"{what} timed out after {self.timeout_s:g}s")
         self.busy_s += box["busy_s"]
         if "error" in box:
             exc = box["error"]

@@ -1,6 +1,7 @@
 """`kvparity` command line: run, replay, report, engines.
 
-Exit codes (DESIGN.md): 0 pass, 1 fail, 2 inconclusive, 3 error or usage/config problem, 130 interrupted.
+Exit codes (DESIGN.md): 0 pass, 1 fail, 2 inconclusive, 3 error or usage/config problem, 130 interrupted
+(Ctrl-C); a supervised run stopped by SIGTERM exits 143, by SIGHUP 129 (128 + the signal, conformance.stopping).
 Every error path prints one line saying why. Bad input is refused before an engine is built.
 
 `kvparity run` and `kvparity replay` from the console are supervised (`conformance.supervisor`): the
@@ -221,7 +222,7 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     numerics_summary(outcome.run_dir, calibration)
     a = outcome.analysis
     code = outcome.exit_code
-    if outcome.report_error and code != EXIT_INTERRUPTED:
+    if outcome.report_error and not outcome.interrupted:
         code = EXIT_USAGE  # no report files: the run ends as an error, whatever it found
     word = "INTERRUPTED" if outcome.interrupted else "ERROR" if code == EXIT_USAGE else a.verdict.upper()
     print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
@@ -416,9 +417,12 @@ def dispatch(argv: Sequence[str], session: Session) -> int:
     except EngineError as exc:
         print(f"kvparity: engine error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("kvparity: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM or SIGHUP in a supervised child (conformance.stopping)
+        from conformance import stopping
+
+        stopping.ignore_further()
+        print(f"kvparity: interrupted ({stopping.describe(exc)})", file=sys.stderr)
+        return stopping.exit_code(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -428,11 +432,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console_main() -> None:
     """The `kvparity` console script: supervise `run` and `replay`, run everything else directly."""
-    from conformance import status, supervisor
+    from conformance import lifeline, status, stopping, supervisor
 
     argv = sys.argv[1:]
     if supervisor.should_supervise(argv):
         raise SystemExit(supervisor.supervise(argv))
+    if lifeline.attach():  # a supervised child: it beats for its supervisor and dies with it
+        stopping.install()  # SIGTERM and SIGHUP end the work as Ctrl-C does, at the next safe point
     session = Session()
     code = dispatch(argv, session)
     status.tell(exit=code)

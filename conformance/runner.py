@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from conformance import validation
+from conformance import stopping, validation
 from conformance.analysis import Analysis, analyse, example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls, one_line
 from conformance.checks import CHECKS
@@ -220,6 +220,7 @@ class RunOutcome:
     report_error: str | None = None  # the report files could not be written (disk full)
     first_failing: dict[str, int] = attrs.Factory(dict)  # check -> the first example that failed it
     closed: bool = False  # run_suite(close=True) closed the engine (its failure, if any, is in the history)
+    stop_code: int = 130  # the exit code of an interrupted run: 128 + the signal (conformance.stopping)
 
     @property
     def verdict(self) -> str:
@@ -227,7 +228,7 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        return 130 if self.interrupted else self.analysis.exit_code
+        return self.stop_code if self.interrupted else self.analysis.exit_code
 
 
 def versions(caps: Capabilities) -> dict[str, str]:
@@ -289,7 +290,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     first_failing: dict[str, int] = {}  # check -> its first failing example (`kvparity run --minimise` starts there too)
     example_scoped = [n for n in names if CHECKS[n].scope == "example"]
     examples = 0
-    interrupted = False
+    interrupted, stop_code = False, stopping.EXIT_INTERRUPTED
     closer = _Closer(engine, calls, close)
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
@@ -315,6 +316,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         @given(scenarios(caps, max_steps=PROFILES[profile]))
         def conformance_example(scenario: tuple[Step, ...]) -> None:
             nonlocal examples
+            stopping.check()  # a SIGTERM between examples stops the run here
             try:
                 runner.run(scenario, examples)
             except EngineError as exc:
@@ -344,16 +346,17 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
             if not _only_conformance(exc):
                 writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
+        stopping.check()  # stopped before the run ended: INTERRUPTED, not a finished run
         closer(lambda cause: writer.append("error", cause=cause))
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
     except EngineError as exc:
         writer.append("error", cause=one_line(exc))
         closer(lambda cause: writer.append("error", cause=cause))
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
-    except KeyboardInterrupt:
-        interrupted = True
-        _ignore_further_interrupts()
-        _record_quietly(writer, "interrupted", cause=f"Ctrl-C during example {max(examples - 1, 0)}")
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP in a supervised child (conformance.stopping)
+        interrupted, stop_code = True, stopping.exit_code(exc)
+        stopping.ignore_further()
+        _record_quietly(writer, "interrupted", cause=f"{stopping.describe(exc)} during example {max(examples - 1, 0)}")
     except HistoryWriteError as exc:
         _record_quietly(writer, "error", cause=str(exc))  # in memory: the file cannot take it
         closer(lambda cause: _record_quietly(writer, "error", cause=cause))
@@ -368,7 +371,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         history.errors.append(writer.write_error)
     analysis = analyse(history, names, known)
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned,
-                         first_failing=first_failing, closed=closer.closed)
+                         first_failing=first_failing, closed=closer.closed, stop_code=stop_code)
     try:
         decode = None if calls.abandoned else getattr(engine, "decode", None)  # a hung engine is not asked again
         write_report(run_dir, history, analysis, duration_s=outcome.duration_s, decode=decode)
@@ -406,15 +409,6 @@ def _record_quietly(writer: HistoryWriter, event: str, **fields: Any) -> None:
         writer.append(event, **fields)
     except HistoryWriteError:
         pass
-
-
-def _ignore_further_interrupts() -> None:
-    """After the first Ctrl-C the run is over; a second one must not cut the report it is writing."""
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _only_conformance(exc: BaseException) -> bool:

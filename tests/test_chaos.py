@@ -146,7 +146,7 @@ def start(tmp_path: Path, chaos: str) -> subprocess.Popen:
 def test_a_run_killed_by_sigkill_re_analyses_as_error_not_pass(tmp_path):
     proc = start(tmp_path, "slow@run")
     run_dir = wait_for_examples(tmp_path / "runs", 5, proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # the supervisor and its child alike
+    os.killpg(proc.pid, signal.SIGKILL)  # the supervisor; its child (own session) dies with it (PDEATHSIG)
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert main(["report", str(run_dir)]) == 3

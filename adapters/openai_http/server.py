@@ -3,7 +3,9 @@
 `ServerProcess` owns the child process: its own session (so the whole process tree can be signalled),
 a log file, a health probe until it answers, and a stop that escalates SIGTERM → SIGKILL. A
 `weakref.finalize` stops a server whose adapter was dropped without `close()`, so a forgotten close
-never leaves a server running (and no `__del__` runs at an unpredictable time).
+never leaves a server running (and no `__del__` runs at an unpredictable time). And a run that never
+closes — killed by SIGKILL, or ended with `os._exit` after a hung call — does not leave it running
+either: the server is started on a leash (`adapters.openai_http.leash`) that ends it when the run's process is gone.
 
 The command lines are plain functions of the adapter's arguments, one per server.
 """
@@ -21,6 +23,7 @@ import time
 import weakref
 from typing import Mapping, Sequence
 
+from adapters.openai_http import leash
 from adapters.openai_http.transport import Http, last_line
 from adapters.vllm import speculative_config  # importing the adapter module does not import vLLM
 from conformance.contract import EngineError
@@ -73,12 +76,16 @@ def kvparity_command(*, port: int, block_size: int, scope: str, fault: str | Non
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group, SIGKILL it if it has not gone within 30 s."""
+    """SIGTERM the server (through its leash, which passes it on), SIGKILL its whole process group if it
+    has not gone within 30 s."""
     if proc.poll() is not None:
         return
     for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
         try:
-            os.killpg(proc.pid, sig)
+            if sig == signal.SIGKILL:
+                os.killpg(proc.pid, sig)
+            else:
+                os.kill(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             return
         try:
@@ -95,8 +102,8 @@ class ServerProcess:
         self.name = name
         fd, log = tempfile.mkstemp(prefix=f"kvparity-{name}-", suffix=".log")
         self.log_path = pathlib.Path(log)
-        self.proc = subprocess.Popen(list(cmd), stdout=fd, stderr=subprocess.STDOUT, env=dict(env or os.environ),
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(leash.command(os.getpid(), cmd), stdout=fd, stderr=subprocess.STDOUT,
+                                     env=dict(env or os.environ), stdin=subprocess.DEVNULL, start_new_session=True)
         os.close(fd)
         self._finalizer = weakref.finalize(self, _stop, self.proc)
 
