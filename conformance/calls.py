@@ -27,10 +27,10 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from conformance import stopping
 from conformance.contract import EngineError, UsageError
+from conformance.exit_codes import ExitCode
 from conformance.status import tell
 
 T = TypeVar("T")
-EXIT_ERROR = 3
 
 
 def one_line(exc: BaseException) -> str:
@@ -117,8 +117,8 @@ def watchdog(timeout_s: float, what: str, last_words: Callable[[str], None] | No
             print(f"kvparity: engine error: {cause}", file=sys.stderr, flush=True)
             sys.stdout.flush()
         with contextlib.suppress(BaseException):
-            tell(exit=EXIT_ERROR)  # a deliberate exit, already explained: the supervisor passes it on
-        os._exit(EXIT_ERROR)
+            tell(exit=ExitCode.ERROR)  # a deliberate exit, already explained: the supervisor passes it on
+        os._exit(ExitCode.ERROR)
 
     timer = threading.Timer(timeout_s, expire)
     timer.daemon = True

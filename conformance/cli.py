@@ -16,39 +16,19 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seconds  # noqa: F401 - re-exported
 from conformance.contract import EngineError, UsageError
+from conformance.exit_codes import ExitCode
 
-EXIT_USAGE = 3
-EXIT_INTERRUPTED = 130
 WITNESS_VERSION = 1
-DEFAULT_TIMEOUT_S = 300.0
 
 
 # --------------------------------------------------------------------------- argument types
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds above 0")
-    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fmt = argparse.ArgumentDefaultsHelpFormatter
     p = _Parser(prog="kvparity", description="Does an engine's KV reuse change what it says?", formatter_class=fmt)
+    p.add_argument("--version", action="version", version=f"kvparity {installed_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run the suite against an engine", formatter_class=fmt)
@@ -109,8 +90,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("engines", help="list the registered engine adapters", formatter_class=fmt)
     for name, target in plugin_commands().items():
-        sub.add_parser(name, help=f"plugin command ({target}); see `kvparity {name} --help`", add_help=False)
+        sub.add_parser(name, help=command_summary(target), add_help=False)
     return p
+
+
+def installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvparity")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
+def command_summary(target: str) -> str:
+    """The first line of a plugin command's module docstring, read without importing the module (a command
+    may import an engine library; `kvparity --help` must stay instant and never run plugin code)."""
+    import ast
+    from importlib.util import find_spec
+
+    module = target.partition(":")[0]
+    try:
+        spec = find_spec(module)
+        origin = spec.origin if spec else None
+        doc = ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8"))) if origin else None
+    except (ImportError, OSError, SyntaxError, ValueError):
+        doc = None
+    paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+    sentence = re.sub(r"^`kvparity [^`]*`:\s*", "", paragraph).split(". ")[0].rstrip(".")
+    return sentence[:1].lower() + sentence[1:] if sentence else f"plugin command ({target})"
 
 
 def plugin_commands() -> dict[str, str]:
@@ -223,8 +231,8 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     a = outcome.analysis
     code = outcome.exit_code
     if outcome.report_error and not outcome.interrupted:
-        code = EXIT_USAGE  # no report files: the run ends as an error, whatever it found
-    word = "INTERRUPTED" if outcome.interrupted else "ERROR" if code == EXIT_USAGE else a.verdict.upper()
+        code = ExitCode.USAGE  # no report files: the run ends as an error, whatever it found
+    word = "INTERRUPTED" if outcome.interrupted else "ERROR" if code == ExitCode.USAGE else a.verdict.upper()
     print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
     status.tell(verdict=code)
     if outcome.interrupted and not outcome.closed and not outcome.abandoned:  # closed after its report
@@ -398,7 +406,7 @@ def dispatch(argv: Sequence[str], session: Session) -> int:
         try:
             args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help and friends
-            return 0 if exc.code in (0, None) else EXIT_USAGE
+            return 0 if exc.code in (0, None) else ExitCode.USAGE
         if args.command == "run":
             return cmd_run(args, session)
         if args.command == "replay":
@@ -413,10 +421,10 @@ def dispatch(argv: Sequence[str], session: Session) -> int:
         return cmd_engines(args)
     except UsageError as exc:
         print(f"kvparity: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except EngineError as exc:
         print(f"kvparity: engine error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM or SIGHUP in a supervised child (conformance.stopping)
         from conformance import stopping
 

@@ -25,6 +25,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from conformance import stopping, validation
+from conformance.exit_codes import ExitCode
 from conformance.analysis import Analysis, analyse, example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls, one_line
 from conformance.checks import CHECKS
@@ -290,7 +291,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     first_failing: dict[str, int] = {}  # check -> its first failing example (`kvparity run --minimise` starts there too)
     example_scoped = [n for n in names if CHECKS[n].scope == "example"]
     examples = 0
-    interrupted, stop_code = False, stopping.EXIT_INTERRUPTED
+    interrupted, stop_code = False, ExitCode.INTERRUPTED
     closer = _Closer(engine, calls, close)
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))

@@ -21,8 +21,9 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from conformance.exit_codes import ExitCode
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-EXIT_INTERRUPTED = 130
 POLL_S = 0.1
 
 
@@ -43,7 +44,7 @@ def signal_name(signum: int) -> str:
 
 def exit_code(exc: BaseException) -> int:
     """128 + the signal that stopped the work: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
-    return 128 + exc.signum if isinstance(exc, Stopped) else EXIT_INTERRUPTED
+    return 128 + exc.signum if isinstance(exc, Stopped) else ExitCode.INTERRUPTED
 
 
 def exit_code_of(signum: int) -> int:

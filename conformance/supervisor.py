@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from conformance import lifeline, stopping
+from conformance.arguments import DEFAULT_TIMEOUT_S, positive_seconds
+from conformance.exit_codes import ExitCode
 from conformance.status import STATUS_ENV, read_status
 
 SUPERVISED = ("run", "replay")
-EXIT_ERROR = 3
 HEARTBEAT_MARGIN_S = 5.0  # beyond the run's --timeout: scheduling delays on a loaded machine, not an engine's time
 FIRST_BEAT_S = 30.0  # the child's interpreter start and first imports, before its heartbeat thread runs
 STOP_GRACE_S = 5.0  # a stop signal's report and the engine's close, before the child is killed
@@ -70,8 +71,6 @@ class _Lenient(argparse.ArgumentParser):
 def heartbeat_limit(argv: Sequence[str]) -> float:
     """Seconds without a heartbeat before the child counts as hung: its `--timeout` plus a margin. An
     unreadable --timeout gets the default; the child refuses it with its own one-line usage error."""
-    from conformance.cli import DEFAULT_TIMEOUT_S, positive_seconds
-
     parser = _Lenient(add_help=False)
     parser.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S)
     try:
@@ -192,7 +191,7 @@ def _answer_for_dead_child(command: str, returncode: int, status: dict[str, Any]
     run_dir = status.get("run_dir")
     if command != "run" or not run_dir or not (Path(run_dir) / "history.jsonl").is_file():
         print(f"ERROR: {cause}", flush=True)
-        return stop_code if stop_code is not None else EXIT_ERROR
+        return stop_code if stop_code is not None else ExitCode.ERROR
     stopped = None if stopped_by is None else f"{stopping.signal_name(stopped_by)}; {cause}"
     code = _report_dead_run(Path(run_dir), cause, stopped)
     return stop_code if stop_code is not None else code
@@ -209,7 +208,7 @@ def _report_dead_run(run_dir: Path, cause: str, stopped: str | None = None) -> i
         history = load(run_dir / "history.jsonl")
     except (NotAHistory, OSError, ValueError) as exc:
         print(f"ERROR: {cause}; its history cannot be read ({exc})", flush=True)
-        return EXIT_ERROR
+        return ExitCode.ERROR
     history.errors.append(cause)
     if stopped is not None and history.interrupted is None:
         history.interrupted = stopped
@@ -218,7 +217,7 @@ def _report_dead_run(run_dir: Path, cause: str, stopped: str | None = None) -> i
         write_report(run_dir, history, analysis, process=cause)
     except OSError as exc:
         print(f"ERROR: cannot write the report in {run_dir}: {exc}")
-        return EXIT_ERROR
+        return ExitCode.ERROR
     print_summary(analysis, run_dir, history.meta.get("engine"))
     print(f"{analysis.verdict.upper()}: {len(history.examples)} examples recorded, report {run_dir}", flush=True)
     return analysis.exit_code

@@ -12,6 +12,8 @@ from typing import Any, Iterable, Mapping
 
 from attrs import field, frozen
 
+from conformance.exit_codes import ExitCode
+
 PASS, FAIL, INCONCLUSIVE, ERROR, SKIP = "pass", "fail", "inconclusive", "error", "skip"
 
 
@@ -27,7 +29,8 @@ class Severity(str, Enum):
         return self.value
 
 STATUSES = (PASS, FAIL, INCONCLUSIVE, ERROR, SKIP)
-EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2, ERROR: 3, SKIP: 0}
+EXIT_CODES = {PASS: ExitCode.PASS, FAIL: ExitCode.FAIL, INCONCLUSIVE: ExitCode.INCONCLUSIVE, ERROR: ExitCode.ERROR,
+              SKIP: ExitCode.PASS}
 
 
 @frozen

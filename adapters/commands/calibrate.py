@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from adapters.commands.cli import UsageParser, output_file, run_command
-from conformance.cli import (DEFAULT_TIMEOUT_S, EXIT_USAGE, build_engine, close_engine, positive_int,
+from conformance.exit_codes import ExitCode
+from conformance.cli import (DEFAULT_TIMEOUT_S, build_engine, close_engine, positive_int,
                              positive_seconds)
 from conformance.contract import Baseline, Capabilities, EngineError, Request, UsageError
 from conformance.numerics import CALIBRATION_VERSION, quantile_bound
@@ -218,15 +219,15 @@ def work(args: argparse.Namespace) -> int:
         engine = build_engine(args.engine, args.engine_args, args.timeout)
     except (UsageError, EngineError) as exc:
         print(f"kvparity calibrate: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         data = calibrate(engine, args)
     except (UsageError, EngineError) as exc:
         print(f"kvparity calibrate: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except Exception as exc:  # noqa: BLE001 - an engine crash is one line and exit 3, never a file
         print(f"kvparity calibrate: engine error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     finally:
         closed = close_engine(engine, args.timeout)
         if closed:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from conformance.cli import EXIT_USAGE
+from conformance.exit_codes import ExitCode
 from conformance.contract import UsageError
 
 
@@ -73,7 +73,7 @@ def run_command(prog: str, parse: Callable[[list[str]], argparse.Namespace],
     except UsageError as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         print(f"{prog}: error: {message}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except SystemExit as exc:  # --help: argparse has printed it
         return exc.code if isinstance(exc.code, int) else 0
     return work(args)

@@ -37,8 +37,8 @@ from typing import Sequence
 from adapters.commands.cli import UsageParser, output_dir, run_command
 from conformance.cli import positive_int, positive_seconds
 from conformance.contract import EngineError, UsageError
+from conformance.exit_codes import ExitCode
 
-EXIT_OK, EXIT_LEAK, EXIT_UNDECIDED, EXIT_ERROR = 0, 1, 2, 3
 WARMUP = 4  # untimed requests first: the first answers of a fresh server include one-off start-up work
 
 
@@ -157,7 +157,7 @@ def audit(args: argparse.Namespace) -> int:
                                      progress if args.sequential else None))
     except EngineError as exc:  # a failed or cut-off request: no verdict from what was measured before it
         print(f"kvparity audit-timing: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_ERROR
+        return ExitCode.ERROR
     finally:
         client.close()
     code, conclusion = decide(results)
@@ -177,15 +177,15 @@ def decide(results) -> tuple[int, str]:
     by = {r.level: r for r in results}
     cross, control = by.get("cross-tenant"), by.get("same-user")
     if cross is not None and cross.detected:
-        return EXIT_LEAK, "LEAK: cross-tenant prompt-cache sharing detected"
+        return ExitCode.FAIL, "LEAK: cross-tenant prompt-cache sharing detected"
     if control is not None and not control.detected:
-        return EXIT_UNDECIDED, ("UNDECIDED: the positive control (same-user) showed no caching, so absence of "
+        return ExitCode.INCONCLUSIVE, ("UNDECIDED: the positive control (same-user) showed no caching, so absence of "
                                 "sharing elsewhere means nothing")
     if any(r.stopped == "time" and not r.detected for r in results):
-        return EXIT_UNDECIDED, "UNDECIDED: the time bound ended a level before its probe budget"
+        return ExitCode.INCONCLUSIVE, "UNDECIDED: the time bound ended a level before its probe budget"
     if cross is not None:
-        return EXIT_OK, "no cross-tenant sharing detected"
-    return EXIT_OK, "no level tests cross-tenant sharing; see the verdict per level"
+        return ExitCode.PASS, "no cross-tenant sharing detected"
+    return ExitCode.PASS, "no level tests cross-tenant sharing; see the verdict per level"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -168,14 +168,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def work(args: argparse.Namespace) -> int:
     import sys
 
-    from conformance.cli import EXIT_USAGE
+    from conformance.exit_codes import ExitCode
     from conformance.contract import EngineError
 
     try:
         out = export(args.witness, args.out, args.engine, args.engine_args)
     except (UsageError, EngineError) as exc:  # EngineError: an adapter built for its oracle failed
         print(f"kvparity export: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     print(f"wrote {out}: python {out}  (0 = every claim held, 1 = still misbehaves, 3 = could not run)")
     return 0
 

@@ -1,0 +1,29 @@
+"""Argument types shared by every command (and by the supervisor, which reads a child's `--timeout`
+without importing the command line): each bad value is a one-line argparse error, exit 3."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds above 0")
+    return value
