@@ -83,7 +83,8 @@ def run_stream(o: dict[str, Any]) -> StreamOutcome:
     if "exit" not in status:
         with contextlib.redirect_stdout(io.StringIO()):  # the report says it; the message below too
             answer_for_dead_run(returncode, status)  # writes the report of what was recorded, as kvparity run does
-        raise RunProblem(f"the kvparity run process {how_it_ended(returncode)} before it finished"
+        when = "while closing the engine (after its verdict)" if "verdict" in status else "before it finished"
+        raise RunProblem(f"the kvparity run process {how_it_ended(returncode)} {when}"
                          + (f"; report {run_dir}" if run_dir else "") + _quote(output), run_dir)
     told = _told(status, returncode, "kvparity run", output, run_dir)
     if told == EXIT_INTERRUPTED:
