@@ -129,8 +129,8 @@ def kvparity_outcome(request: pytest.FixtureRequest, kvparity_options: dict[str,
             outcome = run_stream(request.config, kvparity_options)
         except BaseException as exc:
             # The others must not run the stream again (it would fail the same way, once per worker).
-            run_dir = getattr(exc, "kvparity_run_dir", None)
-            shared.write_text(json.dumps({"error": str(exc), "run_dir": run_dir}))
+            noted = request.config.stash.get(RUN_DIRS, [])  # the folder a dead run left, if any
+            shared.write_text(json.dumps({"error": str(exc), "run_dir": noted[-1] if noted else None}))
             raise
         shared.write_text(json.dumps({"run_dir": str(outcome.run_dir)}))
         return outcome
@@ -152,9 +152,7 @@ def run_stream(config: pytest.Config, o: dict[str, Any]) -> Any:
     remember_run_dir(config, problem.run_dir)
     if isinstance(problem, Interrupted):
         pytest.exit(str(problem), returncode=130)
-    failed = pytest.fail.Exception(f"the stream run failed: {problem}", pytrace=False)
-    failed.kvparity_run_dir = str(problem.run_dir) if problem.run_dir else None  # type: ignore[attr-defined]
-    raise failed
+    pytest.fail(f"the stream run failed: {problem}", pytrace=False)
 
 
 def run_machine(o: dict[str, Any]) -> None:
