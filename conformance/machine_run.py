@@ -58,6 +58,9 @@ def run_machine(o: dict[str, Any]) -> int:
     except (EngineBroken, EngineError) as exc:
         print(f"engine error: {exc}", flush=True)
         code = EXIT_ERROR
+    except UsageError as exc:  # e.g. an unknown check: the user's input, not the engine
+        print(f"kvparity: error: {exc}", flush=True)
+        code = EXIT_ERROR
     except KeyboardInterrupt:
         print("interrupted", flush=True)
         return EXIT_INTERRUPTED

@@ -121,7 +121,7 @@ def run_machine(o: dict[str, Any]) -> None:
     if told == EXIT_INTERRUPTED:
         raise Interrupted("the state machine was interrupted")
     if told != 0:
-        what = {1: "a check failed", 3: "engine error"}.get(told, f"exit {told}")
+        what = {1: "a check failed", 3: "error"}.get(told, f"exit {told}")
         raise RunProblem(f"state machine: {what}" + _quote(output))
 
 
