@@ -9,7 +9,8 @@ far is checked; a failure shrinks to a short program Hypothesis prints as replay
 
 An engine error (a crash, a call past its timeout, a malformed answer) stops the machine at once as
 `EngineBroken`, which Hypothesis does not catch: shrinking against an engine that hung would call it
-again and again, and a failure that does not come back when replayed is one Hypothesis may let pass.
+again and again (a timeout each), and a one-off failure that does not come back when replayed would be
+reported as Hypothesis' "flaky" error instead of the engine's one-line cause.
 
 Abort is not part of the Engine contract (requests run to completion within `run`), so there is no
 abort rule; an engine whose results say `finish_reason="abort"` is still handled by every check.
