@@ -6,12 +6,15 @@ is inert in every other pytest run (the project's own `pytest tests/` included).
 Fail closed, as `kvparity run` does: an inconclusive check (a claimed capability never exercised, an
 oracle that could not decide) fails its test unless `--kvparity-allow-inconclusive` is given — a CI job
 must not go green on a run that proved nothing. Bad option values are a usage error before anything runs.
+No engine runs in the pytest process: the stream is `python -m conformance run` in a child and the state
+machine a child of its own (`conformance.plugin_runs`), so an engine that calls `os._exit(0)` or hangs
+fails the session instead of ending it green; a child that dies, or whose exit code disagrees with its
+`results.json`, is an error. The session's last lines say where the run's report is.
 
 Under pytest-xdist the work is split, not repeated: the Hypothesis stream runs once per pytest session
 (the first worker that needs it takes a lock under the session's shared temporary directory, runs it and
 leaves the path of its run directory; the others wait on the lock and read that run's `results.json`),
-while the state-machine test runs on another worker in parallel. Only a worker that runs the stream or
-the state machine builds an engine. Without xdist the stream runs in-process, as before.
+while the state-machine test runs on another worker in parallel.
 """
 
 from __future__ import annotations
@@ -98,6 +101,8 @@ def kvparity_options(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def kvparity_engine(kvparity_options: dict[str, Any]) -> Iterator[Any]:
+    """The engine, built in this process, for a user's own tests. The suite's tests do not use it: they
+    drive the engine in child processes (`conformance.plugin_runs`), where it cannot end the session."""
     from conformance.registry import load_engine
 
     engine = load_engine(kvparity_options["name"], kvparity_options["args"])
@@ -115,36 +120,83 @@ def kvparity_outcome(request: pytest.FixtureRequest, kvparity_options: dict[str,
     # An xdist worker is known by its `workerinput`, not by PYTEST_XDIST_WORKER: that variable is
     # inherited by any pytest a worker starts, which is not a worker of this session.
     if not hasattr(request.config, "workerinput"):
-        return run_stream(request, kvparity_options)
+        return run_stream(request.config, kvparity_options)
     shared = shared_outcome_file(request.config, tmp_path_factory)
     with exclusive_lock(shared.with_name(shared.name + ".lock")):
         if shared.is_file():
-            return read_shared_outcome(shared)
+            return read_shared_outcome(request.config, shared)
         try:
-            outcome = run_stream(request, kvparity_options)
+            outcome = run_stream(request.config, kvparity_options)
         except BaseException as exc:
             # The others must not run the stream again (it would fail the same way, once per worker).
-            shared.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+            noted = request.config.stash.get(RUN_DIRS, [])  # the folder a dead run left, if any
+            shared.write_text(json.dumps({"error": str(exc), "run_dir": noted[-1] if noted else None}))
             raise
-        shared.write_text(json.dumps({"run_dir": str(Path(outcome.run_dir).resolve())}))
+        shared.write_text(json.dumps({"run_dir": str(outcome.run_dir)}))
         return outcome
 
 
-def run_stream(request: pytest.FixtureRequest, o: dict[str, Any]) -> Any:
-    """Build the engine (only now: a worker that reads another's outcome never does) and run the suite
-    from the engine's default configuration, as `kvparity run` does on a fresh engine — the state
-    machine may have left a shared engine anywhere in its config space."""
-    from conformance.runner import run_suite
-    from conformance.stateful import default_capabilities
+def run_stream(config: pytest.Config, o: dict[str, Any]) -> Any:
+    """Run the suite as `kvparity run` does, in a supervised child (`conformance.plugin_runs`), from a
+    freshly built engine. A child that died, or whose exit code and results disagree, fails every
+    per-check test; an interrupted one ends the session with 130."""
+    from conformance.plugin_runs import Interrupted, RunProblem
+    from conformance.plugin_runs import run_stream as run_in_child
 
-    engine = request.getfixturevalue("kvparity_engine")
-    default_capabilities(engine, o["timeout_s"])
-    outcome = run_suite(engine, engine_name=o["name"], engine_args=o["args"], profile=o["profile"],
-                        checks=o["checks"], report_dir=o["report_dir"], seed=o["seed"],
-                        max_examples=o["max_examples"], timeout_s=o["timeout_s"])
-    if outcome.interrupted:  # run_suite kept the history and wrote the report; the session ends here
-        pytest.exit(f"kvparity run interrupted; report {outcome.run_dir}", returncode=130)
-    return outcome
+    try:
+        outcome = run_in_child(o)
+        remember_run_dir(config, outcome.run_dir)
+        return outcome
+    except RunProblem as exc:  # failed outside the handler: one message, no "during handling" chain
+        problem = exc
+    remember_run_dir(config, problem.run_dir)
+    if isinstance(problem, Interrupted):
+        pytest.exit(str(problem), returncode=130)
+    pytest.fail(f"the stream run failed: {problem}", pytrace=False)
+
+
+def run_machine(o: dict[str, Any]) -> None:
+    """The state-machine test's body: the machine in a supervised child; a failure, an engine error, a
+    dead child or a disagreeing exit code fails the test, an interruption ends the session."""
+    from conformance.plugin_runs import Interrupted, RunProblem
+    from conformance.plugin_runs import run_machine as run_in_child
+
+    try:
+        run_in_child(o)
+        return
+    except RunProblem as exc:  # failed outside the handler: one message, no "during handling" chain
+        problem = exc
+    if isinstance(problem, Interrupted):
+        pytest.exit(str(problem), returncode=130)
+    pytest.fail(str(problem), pytrace=False)
+
+
+RUN_DIRS = pytest.StashKey[list]()
+
+
+def remember_run_dir(config: pytest.Config, run_dir: Any) -> None:
+    """Note a run folder for the session's closing summary; an xdist worker passes it to the controller
+    through `workeroutput` (sent when the worker ends)."""
+    if not run_dir:
+        return
+    dirs = config.stash.setdefault(RUN_DIRS, [])
+    if str(run_dir) not in dirs:
+        dirs.append(str(run_dir))
+    if hasattr(config, "workeroutput"):
+        config.workeroutput["kvparity_run_dirs"] = list(dirs)  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist controller: collect the run folders a worker noted."""
+    for run_dir in getattr(node, "workeroutput", {}).get("kvparity_run_dirs", []):
+        remember_run_dir(node.config, run_dir)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Say where the report went (nothing in a session that ran no kvparity stream)."""
+    for run_dir in config.stash.get(RUN_DIRS, []):
+        terminalreporter.write_line(f"kvparity report: {Path(run_dir) / 'report.md'}")
 
 
 def shared_outcome_file(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -167,42 +219,18 @@ def exclusive_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-class SharedOutcome:
-    """The stream run another worker made, as the per-check tests read it: its run directory and its
-    analysis, rebuilt from that run's `results.json`."""
+def read_shared_outcome(config: pytest.Config, shared: Path) -> Any:
+    """The outcome the first worker left (already checked against its exit code there), or that
+    worker's error (raised here too, once per test)."""
+    from conformance.plugin_runs import RunProblem, read_outcome
 
-    def __init__(self, run_dir: Path, analysis: Any) -> None:
-        self.run_dir, self.analysis = run_dir, analysis
-
-    @property
-    def verdict(self) -> str:
-        return self.analysis.verdict
-
-    @property
-    def exit_code(self) -> int:
-        return self.analysis.exit_code
-
-
-def read_shared_outcome(shared: Path) -> SharedOutcome:
-    """The outcome the first worker left, or that worker's error (raised here too, once per test)."""
     note = json.loads(shared.read_text())
+    remember_run_dir(config, note.get("run_dir"))
     if "error" in note:
         pytest.fail(f"the stream run on another xdist worker failed: {note['error']}", pytrace=False)
     run_dir = Path(note["run_dir"])
     try:
         results = json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError) as exc:
+        return read_outcome(run_dir, int(results.get("exit_code", -1)))
+    except (OSError, ValueError, RunProblem) as exc:
         pytest.fail(f"cannot read the stream run's results in {run_dir}: {exc}", pytrace=False)
-    return SharedOutcome(run_dir, analysis_from_results(results))
-
-
-def analysis_from_results(results: dict[str, Any]) -> Any:
-    """An `Analysis` equal (for what the tests read: statuses, failures, notes, errors) to the one the
-    run computed, from the `results.json` it wrote."""
-    from conformance.analysis import Analysis
-    from conformance.verdicts import CheckResult, Failure
-
-    checks = {name: CheckResult(name, c["status"], [Failure.from_json(f) for f in c.get("failures", [])],
-                                c.get("notes", []), c.get("stats", {}))
-              for name, c in results.get("checks", {}).items()}
-    return Analysis(checks=checks, errors=list(results.get("errors", [])))

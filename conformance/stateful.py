@@ -7,6 +7,11 @@ prefix, a flood, a flush and resend, a reconfiguration, a reset), drawn by the s
 same `Stream` as `scenarios`, under the same precondition. After every rule the session's history so
 far is checked; a failure shrinks to a short program Hypothesis prints as replayable Python.
 
+An engine error (a crash, a call past its timeout, a malformed answer) stops the machine at once as
+`EngineBroken`, which Hypothesis does not catch: shrinking against an engine that hung would call it
+again and again (a timeout each), and a one-off failure that does not come back when replayed would be
+reported as Hypothesis' "flaky" error instead of the engine's one-line cause.
+
 Abort is not part of the Engine contract (requests run to completion within `run`), so there is no
 abort rule; an engine whose results say `finish_reason="abort"` is still handled by every check.
 """
@@ -21,11 +26,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from conformance.analysis import example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls
-from conformance.contract import Capabilities, Engine
+from conformance.contract import Capabilities, Engine, EngineError
 from conformance.history import HistoryBuilder, HistoryWriter
 from conformance.oracle import Oracle
 from conformance.runner import ConformanceFailure, ScenarioRunner
 from conformance.strategies import STEP_KINDS, Configure, Stream, draw_step
+
+
+class EngineBroken(BaseException):
+    """The engine failed a call during the machine: the run is over, with this one-line cause. A
+    BaseException, so Hypothesis neither shrinks nor replays against the broken engine."""
 
 
 def default_capabilities(engine: Engine, timeout_s: float = 300.0) -> Capabilities:
@@ -73,7 +83,7 @@ def session_machine(engine: Engine, checks: Sequence[str] | None = None, writer:
             self.builder = HistoryBuilder(caps, oracle.cache)
             writer.sink = self.builder.feed
             self.session = next(sessions)
-            self.runner.begin(self.session)
+            self._engine(lambda: self.runner.begin(self.session))
             self.config: dict[str, Any] = {}
             if caps.config_space and engine_config["current"] != {}:
                 self._configure({})
@@ -96,7 +106,7 @@ def session_machine(engine: Engine, checks: Sequence[str] | None = None, writer:
 
         def _configure(self, config: dict[str, Any]) -> None:
             engine_config["current"] = None
-            self.runner.step(Configure(config))
+            self._engine(lambda: self.runner.step(Configure(config)))
             engine_config["current"] = dict(config)
 
         def step(self, kind: str, data: st.DataObject) -> None:
@@ -112,7 +122,15 @@ def session_machine(engine: Engine, checks: Sequence[str] | None = None, writer:
                     self.config = dict(step.config)
                     self._configure(self.config)
                 else:
-                    self.runner.step(step)
+                    self._engine(lambda step=step: self.runner.step(step))
+
+        @staticmethod
+        def _engine(action: Any) -> None:
+            """Run one step of the session on the engine; an engine error ends the machine (EngineBroken)."""
+            try:
+                action()
+            except EngineError as exc:
+                raise EngineBroken(str(exc)) from exc
 
         @invariant()
         def checks_hold(self) -> None:
@@ -124,6 +142,7 @@ def session_machine(engine: Engine, checks: Sequence[str] | None = None, writer:
 
     for kind in STEP_KINDS.values():
         setattr(EngineSession, kind.name, _kind_rule(kind.name))
+    EngineSession.calls = calls  # type: ignore[attr-defined]  # whether a call was abandoned (hung)
     EngineSession.__name__ = EngineSession.__qualname__ = f"EngineSession_{caps.name.replace('-', '_')}"
     return EngineSession
 

@@ -221,3 +221,32 @@ def _report_dead_run(run_dir: Path, cause: str, stopped: str | None = None) -> i
     print_summary(analysis, run_dir, history.meta.get("engine"))
     print(f"{analysis.verdict.upper()}: {len(history.examples)} examples recorded, report {run_dir}", flush=True)
     return analysis.exit_code
+
+
+# --------------------------------------------------------------------------- for other supervisors
+
+
+def run_child(argv: Sequence[str], module: str = "conformance", stdout: Any = None) -> tuple[int, dict[str, Any]]:
+    """Run `python -m MODULE ARGV` as a child that tells a fresh status file what it did; return its
+    return code and what it told. For a caller that supervises in its own process (the pytest plugin):
+    the child then runs the work directly, and the caller answers for it as `supervise` does. `stdout`
+    takes the child's stdout and stderr together (None: this process's)."""
+    fd, status_path = tempfile.mkstemp(prefix="kvparity-status-", suffix=".jsonl")
+    os.close(fd)
+    env = {**os.environ, STATUS_ENV: status_path, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        child = subprocess.Popen([sys.executable, "-m", module, *argv], env=env, stdout=stdout,
+                                 stderr=None if stdout is None else subprocess.STDOUT)
+        returncode = _wait(child)
+        return returncode, read_status(status_path)
+    finally:
+        try:
+            os.unlink(status_path)
+        except OSError:
+            pass
+
+
+def answer_for_dead_run(returncode: int, status: dict[str, Any]) -> int:
+    """What `supervise` answers for a `run` child that ended without telling its exit code: the report of
+    what it recorded, written with how the process ended, and exit 3 (1 if a failure was recorded)."""
+    return _answer_for_dead_child("run", returncode, status)

@@ -3,7 +3,7 @@
 One test per check reads the shared run (`kvparity_outcome`). An inconclusive check proved nothing, so
 it must not show as passed: it fails, with the reason, unless `--kvparity-allow-inconclusive` makes it
 a skip (as `kvparity run` exits 2 for it, never 0). The state machine runs the same checks as
-invariants over a live session.
+invariants over a live session. Both run the engine in child processes (`conformance.plugin_runs`).
 
 The state-machine test comes first: under pytest-xdist's load scheduling the first tests go to one
 worker and the next ones to another, so the state machine starts on one worker while the stream run
@@ -19,25 +19,12 @@ import pytest
 from conformance.checks import CHECKS
 
 
-def machine_examples(max_examples: int) -> int:
-    """State-machine runs for a stream of `max_examples`: a quarter of them, at least 5 — but never
-    more than asked for, so `--kvparity-max-examples 1` stays a quick run."""
-    return min(max_examples, max(5, max_examples // 4))
+def test_engine_session_state_machine(kvparity_options: dict[str, Any]) -> None:
+    """The machine runs in a child process of its own (`conformance.machine_run`), supervised: an engine
+    that ends its process or hangs fails this test instead of ending the session or passing it."""
+    from conformance.pytest_plugin import run_machine
 
-
-def test_engine_session_state_machine(kvparity_engine: Any, kvparity_options: dict[str, Any]) -> None:
-    from hypothesis import settings
-    from hypothesis.stateful import run_state_machine_as_test
-
-    from conformance.runner import profile_settings
-    from conformance.stateful import session_machine
-
-    o = kvparity_options
-    base = profile_settings(o["profile"])
-    machine = session_machine(kvparity_engine, o["checks"], timeout_s=o["timeout_s"])
-    examples = machine_examples(o["max_examples"] or base.max_examples)
-    run_state_machine_as_test(machine, settings=settings(base, max_examples=examples, stateful_step_count=8,
-                                                         database=None))
+    run_machine(kvparity_options)
 
 
 @pytest.mark.parametrize("check", list(CHECKS))

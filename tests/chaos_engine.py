@@ -34,12 +34,14 @@ class ChaosEngine(FakeDictEngine):
     """A fake, for testing that the suite fails closed. One misbehaviour, opt-in via `chaos=`."""
 
     def __init__(self, chaos: str = "none@run", after: str = "1", hang_s: str = "60", slow_s: str = "0.2") -> None:
+        # First: FakeDictEngine sets a `hang_s` of its own (5 s), which used to overwrite ours, so a
+        # `hang` lasted 5 s whatever `hang_s` said and raced a 5 s `--timeout`.
+        super().__init__()
         self.action, _, self.call = chaos.partition("@")
         if self.call not in CALLS:
             raise ValueError(f"chaos={chaos!r}: CALL must be one of {', '.join(CALLS)}")
         self.after, self.hang_s, self.slow_s = int(after), float(hang_s), float(slow_s)
         self.counts: dict[str, int] = {}
-        super().__init__()
         self._maybe("init")
 
     def _maybe(self, call: str) -> bool:
