@@ -21,7 +21,7 @@ import sys
 import traceback
 from typing import Any, Sequence
 
-EXIT_PASS, EXIT_FAIL, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 3, 130
+from conformance.exit_codes import ExitCode
 
 
 def machine_examples(max_examples: int) -> int:
@@ -46,7 +46,7 @@ def run_machine(o: dict[str, Any]) -> int:
         engine = build_engine(o["name"], o["args"], timeout_s)
     except (UsageError, EngineError) as exc:
         print(f"kvparity: error: {exc}", flush=True)
-        return EXIT_ERROR
+        return ExitCode.ERROR
     calls = None
     try:
         machine = session_machine(engine, o["checks"], timeout_s=timeout_s)
@@ -54,21 +54,21 @@ def run_machine(o: dict[str, Any]) -> int:
         examples = machine_examples(o["max_examples"] or base.max_examples)
         run_state_machine_as_test(machine, settings=settings(base, max_examples=examples, stateful_step_count=8,
                                                              database=None))
-        code = EXIT_PASS
+        code = ExitCode.PASS
     except (EngineBroken, EngineError) as exc:
         print(f"engine error: {exc}", flush=True)
-        code = EXIT_ERROR
+        code = ExitCode.ERROR
     except UsageError as exc:  # e.g. an unknown check: the user's input, not the engine
         print(f"kvparity: error: {exc}", flush=True)
-        code = EXIT_ERROR
+        code = ExitCode.ERROR
     except KeyboardInterrupt:
         print("interrupted", flush=True)
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - a failed check (with Hypothesis' program), or the suite's bug
-        code = EXIT_FAIL if _only_conformance(exc) else EXIT_ERROR
+        code = ExitCode.FAIL if _only_conformance(exc) else ExitCode.ERROR
         # A failed check: its message and Hypothesis' falsifying program (the exception's notes) are
         # what a reader needs; anything else is the suite's own bug, shown with its traceback.
-        alone = code == EXIT_FAIL and not hasattr(exc, "exceptions")  # a group's parts are in its traceback
+        alone = code == ExitCode.FAIL and not hasattr(exc, "exceptions")  # a group's parts are in its traceback
         lines = traceback.format_exception_only(exc) if alone else traceback.format_exception(exc)
         print("".join(lines), flush=True)
     if calls is not None and calls.abandoned:  # a hung engine is not asked to close
@@ -76,7 +76,7 @@ def run_machine(o: dict[str, Any]) -> int:
     closed = close_engine(engine, timeout_s)
     if closed is not None:
         print(f"ERROR: {closed}", flush=True)
-        return max(code, EXIT_ERROR)
+        return max(code, ExitCode.ERROR)
     return code
 
 
@@ -90,13 +90,16 @@ def _only_conformance(exc: BaseException) -> bool:
 
 
 def main(argv: Sequence[str]) -> None:
-    from conformance import status
+    from conformance import lifeline, status, stopping
+
+    if lifeline.attach():  # supervised (the pytest plugin): beat for the supervisor, die with it
+        stopping.install()  # SIGTERM and SIGHUP end the machine as Ctrl-C does
 
     try:
         options = json.loads(argv[0])
     except (IndexError, ValueError) as exc:
         print(f"usage: python -m conformance.machine_run OPTIONS_JSON ({exc})", file=sys.stderr)
-        code = EXIT_ERROR
+        code = ExitCode.ERROR
     else:
         code = run_machine(options)
     status.tell(exit=code)

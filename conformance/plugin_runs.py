@@ -25,9 +25,9 @@ from typing import Any
 
 from attrs import define
 
+from conformance.exit_codes import ExitCode
 from conformance.supervisor import answer_for_dead_run, how_it_ended, run_child
 
-EXIT_INTERRUPTED = 130
 OUTPUT_LINES = 60  # the last lines of a child's output a failure message quotes
 
 
@@ -78,16 +78,17 @@ def stream_argv(o: dict[str, Any]) -> list[str]:
 
 def run_stream(o: dict[str, Any]) -> StreamOutcome:
     """Run the stream as `kvparity run` does, in a child; its outcome, or a RunProblem saying why not."""
-    returncode, status, output = _child(stream_argv(o), "conformance")
+    returncode, status, output = _child(stream_argv(o), "conformance", float(o["timeout_s"]))
     run_dir = Path(status["run_dir"]).resolve() if status.get("run_dir") else None
     if "exit" not in status:
         with contextlib.redirect_stdout(io.StringIO()):  # the report says it; the message below too
             answer_for_dead_run(returncode, status)  # writes the report of what was recorded, as kvparity run does
-        when = "while closing the engine (after its verdict)" if "verdict" in status else "before it finished"
-        raise RunProblem(f"the kvparity run process {how_it_ended(returncode)} {when}"
+        when = ("after its verdict" if "verdict" in status else "while closing the engine" if status.get("closing")
+                else "before it finished")
+        raise RunProblem(f"the kvparity run process {status.get('killed') or how_it_ended(returncode)} {when}"
                          + (f"; report {run_dir}" if run_dir else "") + _quote(output), run_dir)
     told = _told(status, returncode, "kvparity run", output, run_dir)
-    if told == EXIT_INTERRUPTED:
+    if told == ExitCode.INTERRUPTED:
         raise Interrupted(f"kvparity run interrupted; report {run_dir}", run_dir)
     if run_dir is None:
         raise RunProblem(f"kvparity run exited {told} before it started a run" + _quote(output))
@@ -114,21 +115,24 @@ def read_outcome(run_dir: Path, told: int, output: str = "") -> StreamOutcome:
 def run_machine(o: dict[str, Any]) -> None:
     """Run the state machine in a child; return if it passed, else raise RunProblem with its output."""
     keys = ("name", "args", "profile", "checks", "timeout_s", "max_examples")
-    returncode, status, output = _child([json.dumps({k: o.get(k) for k in keys})], "conformance.machine_run")
+    returncode, status, output = _child([json.dumps({k: o.get(k) for k in keys})], "conformance.machine_run",
+                                        float(o["timeout_s"]))
     if "exit" not in status:
-        raise RunProblem(f"the state-machine process {how_it_ended(returncode)} before it finished" + _quote(output))
+        raise RunProblem(f"the state-machine process {status.get('killed') or how_it_ended(returncode)} before it "
+                         "finished" + _quote(output))
     told = _told(status, returncode, "the state-machine process", output, None)
-    if told == EXIT_INTERRUPTED:
+    if told == ExitCode.INTERRUPTED:
         raise Interrupted("the state machine was interrupted")
     if told != 0:
         what = {1: "a check failed", 3: "error"}.get(told, f"exit {told}")
         raise RunProblem(f"state machine: {what}" + _quote(output))
 
 
-def _child(argv: list[str], module: str) -> tuple[int, dict[str, Any], str]:
-    """Run `python -m MODULE ARGV` as a status-telling child; (return code, what it told, its output)."""
+def _child(argv: list[str], module: str, timeout_s: float) -> tuple[int, dict[str, Any], str]:
+    """Run `python -m MODULE ARGV` as a supervised, status-telling child (killed when it stops beating for
+    `timeout_s` + a margin); (return code, what it told, its output)."""
     with tempfile.TemporaryFile(mode="w+b") as out:
-        returncode, status = run_child(argv, module=module, stdout=out)
+        returncode, status = run_child(argv, module=module, stdout=out, timeout_s=timeout_s)
         out.seek(0)
         return returncode, status, out.read().decode("utf-8", "replace")
 

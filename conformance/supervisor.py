@@ -107,6 +107,16 @@ class _StopSignals:
 
 def supervise(argv: Sequence[str]) -> int:
     """Parent side: run `python -m conformance ARGV` as a child and answer for it if it dies or hangs."""
+    returncode, status, killed, first_signal = _supervised(argv, "conformance", None, heartbeat_limit(argv))
+    if "exit" in status:
+        return int(status["exit"])
+    return _answer_for_dead_child(argv[0], returncode, status, killed, first_signal)
+
+
+def _supervised(argv: Sequence[str], module: str, stdout: Any, limit_s: float) -> tuple[int, dict[str, Any], str | None, int | None]:
+    """Run `python -m MODULE ARGV` in a session of its own, with a status file and a heartbeat pipe;
+    forward stop signals and kill it when it stops beating for `limit_s`. Returns (its return code, what
+    it told, how it was killed or None, the first stop signal that reached this process or None)."""
     fd, status_path = tempfile.mkstemp(prefix="kvparity-status-", suffix=".jsonl")
     os.close(fd)
     beats, beat_end = os.pipe()
@@ -116,11 +126,12 @@ def supervise(argv: Sequence[str]) -> int:
     signals = _StopSignals()
     try:
         try:
-            child = subprocess.Popen([sys.executable, "-m", "conformance", *argv], env=env, pass_fds=(beat_end,),
-                                     start_new_session=True)
+            child = subprocess.Popen([sys.executable, "-m", module, *argv], env=env, pass_fds=(beat_end,),
+                                     start_new_session=True, stdout=stdout,
+                                     stderr=None if stdout is None else subprocess.STDOUT)
         finally:
             os.close(beat_end)  # the child holds its own copy: the pipe's writer end is the child's alone
-        returncode, killed = _watch(child, beats, heartbeat_limit(argv), signals)
+        returncode, killed = _watch(child, beats, limit_s, signals)
         status = read_status(status_path)
     finally:
         signals.restore()
@@ -129,9 +140,7 @@ def supervise(argv: Sequence[str]) -> int:
             os.unlink(status_path)
         except OSError:
             pass
-    if "exit" in status:
-        return int(status["exit"])
-    return _answer_for_dead_child(argv[0], returncode, status, killed, signals.first)
+    return returncode, status, killed, signals.first
 
 
 def _watch(child: subprocess.Popen, beats: int, limit_s: float, signals: _StopSignals) -> tuple[int, str | None]:
@@ -226,27 +235,18 @@ def _report_dead_run(run_dir: Path, cause: str, stopped: str | None = None) -> i
 # --------------------------------------------------------------------------- for other supervisors
 
 
-def run_child(argv: Sequence[str], module: str = "conformance", stdout: Any = None) -> tuple[int, dict[str, Any]]:
-    """Run `python -m MODULE ARGV` as a child that tells a fresh status file what it did; return its
-    return code and what it told. For a caller that supervises in its own process (the pytest plugin):
-    the child then runs the work directly, and the caller answers for it as `supervise` does. `stdout`
-    takes the child's stdout and stderr together (None: this process's)."""
-    fd, status_path = tempfile.mkstemp(prefix="kvparity-status-", suffix=".jsonl")
-    os.close(fd)
-    env = {**os.environ, STATUS_ENV: status_path, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    try:
-        child = subprocess.Popen([sys.executable, "-m", module, *argv], env=env, stdout=stdout,
-                                 stderr=None if stdout is None else subprocess.STDOUT)
-        returncode = _wait(child)
-        return returncode, read_status(status_path)
-    finally:
-        try:
-            os.unlink(status_path)
-        except OSError:
-            pass
+def run_child(argv: Sequence[str], module: str = "conformance", stdout: Any = None,
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
+    """Run `python -m MODULE ARGV` as a supervised child, for a caller that answers for it in its own
+    process (the pytest plugin): the same heartbeat deadline (`timeout_s` + the margin), stop signals and
+    session as `supervise`. Returns its return code and what it told; `killed` is added to what it told
+    when the deadline or a stop signal's grace ran out. `stdout` takes the child's stdout and stderr
+    together (None: this process's)."""
+    returncode, status, killed, _ = _supervised(argv, module, stdout, timeout_s + HEARTBEAT_MARGIN_S)
+    return returncode, ({**status, "killed": killed} if killed else status)
 
 
 def answer_for_dead_run(returncode: int, status: dict[str, Any]) -> int:
     """What `supervise` answers for a `run` child that ended without telling its exit code: the report of
     what it recorded, written with how the process ended, and exit 3 (1 if a failure was recorded)."""
-    return _answer_for_dead_child("run", returncode, status)
+    return _answer_for_dead_child("run", returncode, status, status.get("killed"))

@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,20 +92,21 @@ def test_the_state_machine_alone_survives_os_exit(tmp_path):
 
 
 @pytest.mark.parametrize("fault, says", [
-    ("exit0@close", "the kvparity run process exited with code 0 while closing the engine (after its verdict)"),
-    ("raise@close", "kvparity run exited 3 but its results.json says pass (exit 0)"),
+    ("exit0@close", "the kvparity run process exited with code 0 while closing the engine"),
+    ("raise@close", None),
 ])
-def test_a_run_whose_exit_code_disagrees_with_its_results_fails(tmp_path, fault, says):
-    """The run's checks pass and its results.json says so, then closing the engine ends the process
-    (exit 0 without a word) or raises (exit 3): either way the session must not go green."""
+def test_a_run_whose_close_fails_fails_the_session(tmp_path, fault, says):
+    """The run's checks pass, then closing the engine ends the process (exit 0 without a word) or raises:
+    either way the session must not go green, and the run's own files say error (the engine is closed
+    before the report is written, so the close is part of the verdict)."""
     out = plugin_run(tmp_path, "-n", "0", "--kvparity-engine-arg", f"chaos={fault}", "--kvparity-checks", "parity",
                      "--kvparity-max-examples", "4", "--kvparity-timeout", "5")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert says in out.stdout, out.stdout
-    results = outcomes(out.stdout)
-    assert results[MACHINE] == "FAILED" and results["test_check[parity]"] == "ERROR", results
+    assert says is None or says in out.stdout, out.stdout
+    assert outcomes(out.stdout)[MACHINE] == "FAILED"
+    assert "passed" not in out.stdout.splitlines()[-1] or "failed" in out.stdout.splitlines()[-1]
     (run,) = run_dirs(tmp_path)
-    assert json.loads((run / "results.json").read_text())["verdict"] == "pass"  # what the run said before it died
+    assert json.loads((run / "results.json").read_text())["verdict"] == "error"
 
 
 def test_under_xdist_a_dead_stream_fails_every_worker_and_runs_once(tmp_path):
@@ -135,3 +137,15 @@ def test_the_reference_engine_is_still_green(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     results = outcomes(out.stdout)
     assert results[MACHINE] == "PASSED" and "FAILED" not in results.values(), results
+
+
+def test_an_engine_holding_the_gil_fails_the_session_within_its_deadline(tmp_path):
+    """A call that holds the GIL for 120 s under `--kvparity-timeout 2`: the children stop beating and are
+    killed after the timeout plus the supervisor's margin (before, the session waited the 120 s out)."""
+    started = time.monotonic()
+    out = plugin_run(tmp_path, "-n", "0", "--kvparity-engine-arg", "at=3", "--kvparity-engine-arg", "secs=120",
+                     "--kvparity-max-examples", "4", "--kvparity-timeout", "2", engine="gil_engine:GilHoldingEngine",
+                     timeout=110)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "stopped answering" in out.stdout and time.monotonic() - started < 100
+    assert "passed" not in out.stdout.splitlines()[-1], out.stdout.splitlines()[-1]
