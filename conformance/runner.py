@@ -28,6 +28,7 @@ from conformance import validation
 from conformance.analysis import Analysis, analyse, example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls, one_line
 from conformance.checks import CHECKS
+from conformance.completion import complete
 from conformance.contract import Capabilities, Engine, EngineError, Introspectable, Request, Result, UsageError
 from conformance.history import HistoryBuilder, HistoryWriteError, HistoryWriter, parse
 from conformance.oracle import Oracle
@@ -85,15 +86,16 @@ class ScenarioRunner:
         self.introspect = caps.introspection and isinstance(engine, Introspectable)
         self.resolved: dict[str, tuple[Request, Result]] = {}
 
-    def run(self, steps: Sequence[Step], example: int) -> None:
-        """Run one scenario from a cold cache. Raises EngineError after recording an `error` event."""
-        self.begin(example)
+    def run(self, steps: Sequence[Step], example: int, **marks: Any) -> None:
+        """Run one scenario from a cold cache. Raises EngineError after recording an `error` event.
+        `marks`: more fields of its `example` event (a completion example says so)."""
+        self.begin(example, **marks)
         for step in steps:
             self.step(step)
 
-    def begin(self, example: int) -> None:
+    def begin(self, example: int, **marks: Any) -> None:
         """Start an example (or a stateful session): record it and flush the engine's cache."""
-        self.writer.append("example", index=example)
+        self.writer.append("example", index=example, **marks)
         self.resolved = {}
         self._guarded([], self.reset)
 
@@ -305,12 +307,11 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         if progress is not None:
             progress.start(max_examples if max_examples is not None else base_settings.max_examples)
 
-        @settings(base_settings, **overrides)
-        @given(scenarios(caps, max_steps=PROFILES[profile]))
-        def conformance_example(scenario: tuple[Step, ...]) -> None:
+        def check_example(scenario: Sequence[Step], **marks: Any) -> None:
+            """Run one example and check it; a failure raises, so Hypothesis shrinks it."""
             nonlocal examples
             try:
-                runner.run(scenario, examples)
+                runner.run(scenario, examples, **marks)
             except EngineError as exc:
                 raise _EngineBroken(str(exc)) from exc
             finally:
@@ -326,18 +327,16 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
             if failures:
                 raise ConformanceFailure(failures)
 
+        @settings(base_settings, **overrides)
+        @given(scenarios(caps, max_steps=PROFILES[profile]))
+        def conformance_example(scenario: tuple[Step, ...]) -> None:
+            check_example(scenario)
+
         test = hypothesis_seed(seed)(conformance_example) if seed is not None else conformance_example
-        try:
-            test()
-        except _EngineBroken:
-            pass  # already recorded as an `error` event
-        except (ConformanceFailure, AssertionError):
-            pass  # recorded in the history; analysis below reports the shrunk witness
-        except (KeyboardInterrupt, HistoryWriteError):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
-            if not _only_conformance(exc):
-                writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
+        _run_phase(test, writer)
+        if not first_failing and not builder.history.errors:  # a failing or broken run needs no more
+            complete(builder.history, check_example, lambda test: _run_phase(test, writer), writer,
+                     settings(base_settings, **overrides), seed)
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
     except EngineError as exc:
         writer.append("error", cause=one_line(exc))
@@ -366,6 +365,23 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     except OSError as exc:
         outcome.report_error = f"cannot write the report in {run_dir}: {exc}"
     return outcome
+
+
+def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> None:
+    """Run a Hypothesis test of the run (the stream, or the completion after it). A failure is already
+    in the history (the analysis reports its shrunk witness), an engine error too; anything else
+    Hypothesis raises is recorded as an error. Ctrl-C and a history that cannot be written go on up."""
+    try:
+        test()
+    except _EngineBroken:
+        pass  # already recorded as an `error` event
+    except (ConformanceFailure, AssertionError):
+        pass  # recorded in the history; analysis below reports the shrunk witness
+    except (KeyboardInterrupt, HistoryWriteError):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
+        if not _only_conformance(exc):
+            writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
 
 
 def _record_quietly(writer: HistoryWriter, event: str, **fields: Any) -> None:
