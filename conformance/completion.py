@@ -169,6 +169,17 @@ def reached_by(history: History, example: Example, arms_of_batches: Sequence[str
     return out
 
 
+@frozen
+class MarkedScenario:
+    """Steps to run as one example whose `example` event carries `marks` (a completion example's)."""
+
+    steps: tuple[Step, ...] = field(converter=tuple)
+    marks: Mapping[str, Any] = field(factory=dict)
+
+    def __iter__(self) -> Iterator[Step]:
+        return iter(self.steps)
+
+
 class Completion:
     """The bookkeeping of one run's completion: what was missing, what each example reached, and the
     `completion` event's fields."""
@@ -213,8 +224,8 @@ class _Complete(BaseException):
 def complete(history: History, check_example: Callable[..., None], run_phase: Callable[[Callable[[], None]], None],
              writer: HistoryWriter, base: settings, seed: int | None) -> None:
     """When the stream left a relevant situation unreached, up to COMPLETION_EXAMPLES more examples go
-    after it, each run and checked like the stream's (`check_example`, which raises on a failure so
-    Hypothesis shrinks it), marked as completion in its `example` event; a `completion` event then says
+    after it, each run and checked like the stream's (`check_example`: the stream's own test function,
+    which raises on a failure so Hypothesis shrinks it), marked as completion in its `example` event; a `completion` event then says
     what was reached, by which arm and configuration, and what was not. A run that reached everything
     gets nothing added. `run_phase` runs a Hypothesis test the way the stream's is run (what it raises
     recorded the same way). No example database: completion is a function of this run's history."""
@@ -227,7 +238,7 @@ def complete(history: History, check_example: Callable[..., None], run_phase: Ca
     @given(done.strategy())
     def completion_example(scenario: CompletionScenario) -> None:
         try:
-            check_example(scenario.steps, completion=done.mark(scenario))
+            check_example(MarkedScenario(scenario.steps, {"completion": done.mark(scenario)}))
         finally:
             finished = done.observe(scenario)
         if finished:
