@@ -48,7 +48,7 @@ def exercised(h: History, f: Findings) -> CheckResult:
             gaps.append(f"situation never reached: {row.name} ({row.title}; relevant to {row.claim})")
     done = h.completion or {}
     if gaps and done.get("unreached"):  # coverage completion went after them too (conformance/completion.py)
-        gaps.append(f"not reached after {done.get('examples', 0)} completion example(s) either: "
+        gaps.append(f"situation never reached, not after {done.get('examples', 0)} completion example(s) either: "
                     f"{', '.join(done['unreached'])}")
     if caps.prefix_caching and caps.reports_cached_tokens:
         _positive_control(f, h)
