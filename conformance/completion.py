@@ -225,10 +225,11 @@ def complete(history: History, check_example: Callable[..., None], run_phase: Ca
              writer: HistoryWriter, base: settings, seed: int | None) -> None:
     """When the stream left a relevant situation unreached, up to COMPLETION_EXAMPLES more examples go
     after it, each run and checked like the stream's (`check_example`: the stream's own test function,
-    which raises on a failure so Hypothesis shrinks it), marked as completion in its `example` event; a `completion` event then says
-    what was reached, by which arm and configuration, and what was not. A run that reached everything
-    gets nothing added. `run_phase` runs a Hypothesis test the way the stream's is run (what it raises
-    recorded the same way). No example database: completion is a function of this run's history."""
+    which raises on a failure so Hypothesis shrinks it) and marked as completion in its `example` event;
+    a `completion` event then says what was reached, by which arm and configuration, and what was not.
+    A run that reached everything gets nothing added. `run_phase` runs a Hypothesis test the way the
+    stream's is run (what it raises recorded the same way). No example database: completion is a
+    function of this run's history."""
     done = Completion(history)
     if not done.targets:
         return
