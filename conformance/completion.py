@@ -43,7 +43,8 @@ from conformance.history import BatchRecord, Example, History, HistoryWriter
 from conformance.situations import SITUATIONS, missing
 from conformance.strategies import STEERING, STEP_KINDS, TAILS, Batch, Reset, Step, StepKind, Stream, draw_step
 
-COMPLETION_EXAMPLES = 6  # completion examples at most, for all missing situations together
+COMPLETION_EXAMPLES = 8  # completion examples at most, for all missing situations together (a correct
+# reference engine needed at most 6 in 50 plugin runs; each reaches a missing situation in ~4 of 5 draws)
 
 # --------------------------------------------------------------------------- the arms
 
