@@ -5,7 +5,7 @@ never loses the evidence, and `kvparity report RUN_DIR` can re-analyse a run wit
 Every line is one event, flushed as it is written (fsynced at example boundaries and errors):
 
     run_start    {engine, engine_args, capabilities, versions, seed, profile}
-    example      {index}                  one Hypothesis example (or one replay) starts
+    example      {index, completion?}     one Hypothesis example (or one replay) starts
     config       {config}                 engine.configure(config) is about to be called
     reset        {snapshot?}              engine.reset() returned (white-box: the pool at rest)
     submit       {requests}               engine.run(requests) is about to be called
@@ -13,6 +13,9 @@ Every line is one event, flushed as it is written (fsynced at example boundaries
     baseline     {key, baseline}          the oracle's answer for one oracle key (memoized, written once)
     error        {cause, snapshot?}       the engine crashed, hung or answered malformed (snapshot:
                                           white-box, the pool after a failed batch)
+    completion   {targets, examples, reached, unreached}
+                                          coverage completion after the stream (only when the stream
+                                          left a relevant situation unreached; conformance/completion.py)
     interrupted  {cause}                  the user stopped the run (Ctrl-C)
     run_end      {examples, duration_s,   the run finished; a history without it is incomplete.
                   events, sealed}         `events` and `sealed` seal the chain (conformance.history_chain)
@@ -311,6 +314,9 @@ class Example:
     # The resolved steps, replayable as they are (continuations already resolved): configure, reset and
     # every submitted batch — the one the engine never answered included.
     step_list: list[dict[str, Any]] = field(factory=list)
+    # A coverage-completion example (conformance/completion.py): the situations it went after and each
+    # batch's arm; None for an example of the stream.
+    completion: dict[str, Any] | None = None
 
     def steps(self) -> list[dict[str, Any]]:
         return list(self.step_list)
@@ -334,6 +340,7 @@ class History:
     last_event: str | None = None
     in_flight: tuple[Request, ...] = ()
     digest: str | None = None  # the last event's chain value (None: a legacy history, written unchained)
+    completion: dict[str, Any] | None = None  # the `completion` event: what completion went after and found
 
     @property
     def tolerance(self) -> float:
@@ -407,7 +414,7 @@ class HistoryBuilder:
             if ev.get("capabilities"):
                 h.capabilities = capabilities_from(ev["capabilities"])
         elif kind == "example":
-            self._current = Example(index=int(ev.get("index", len(h.examples))))
+            self._current = Example(index=int(ev.get("index", len(h.examples))), completion=ev.get("completion"))
             h.examples.append(self._current)
             self._epoch = self._segment = 0
             self._config = {}
@@ -432,6 +439,8 @@ class HistoryBuilder:
             self._batch(ev)
         elif kind == "error":
             self._error(ev)
+        elif kind == "completion":
+            h.completion = {k: v for k, v in ev.items() if k != "event"}
         elif kind == "interrupted":
             h.interrupted = str(ev.get("cause", "interrupted"))
         elif kind == "run_end":

@@ -129,6 +129,8 @@ def results_part(history: History) -> dict[str, Any]:
     """The results.json keys this module owns: "situations" (the coverage table) and "exercised"."""
     rows, problem = _situations(history)
     out: dict[str, Any] = {"situations": rows, "exercised": exercised(history)}
+    if history.completion is not None:  # coverage completion ran (conformance/completion.py)
+        out["completion"] = dict(history.completion)
     if problem:
         out["exercised"]["situations_error"] = problem
     return out
@@ -188,6 +190,7 @@ def blocks(results: Mapping[str, Any]) -> list[Block]:
         n_missing = sum(s["relevant"] and s["count"] == 0 for s in situations)
         out.append(Para(f"{n_missing} relevant situation(s) not reached." if n_missing else
                         "Every situation relevant to the engine's claims was reached at least once."))
+        out += completion_blocks(results.get("completion"))
     else:
         why = ex.get("situations_error")
         out.append(Para("No coverage table" + (f" (the coverage model failed: `{why}`)." if why else ".")))
@@ -214,3 +217,19 @@ def blocks(results: Mapping[str, Any]) -> list[Block]:
                                f"{b['near_ties']:,}"] for b in m["bands"]]))
     return out
 
+
+
+def completion_blocks(done: Mapping[str, Any] | None) -> list[Block]:
+    """What coverage completion did: the situations the stream left unreached, the completion examples
+    that went after them (checked like every other), and what reached each one, or that none did."""
+    if not done:
+        return []
+    lines = [f"Coverage completion: the stream left {', '.join(f'`{t}`' for t in done.get('targets', []))} "
+             f"unreached; {done.get('examples', 0)} completion example(s) went after them (recorded and checked "
+             f"like the others)."]
+    for name, how in (done.get("reached") or {}).items():
+        lines.append(f"`{name}` reached in example {how.get('example')}, batch {how.get('batch')}, by "
+                     f"`{how.get('arm')}` under `{_config_label(how.get('config') or {})}`.")
+    if done.get("unreached"):
+        lines.append(f"Not reached: {', '.join(f'`{n}`' for n in done['unreached'])}.")
+    return [Para(" ".join(lines))]

@@ -29,6 +29,7 @@ from conformance.exit_codes import ExitCode
 from conformance.analysis import Analysis, analyse, example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls, one_line
 from conformance.checks import CHECKS
+from conformance.completion import MarkedScenario, complete
 from conformance.contract import Capabilities, Engine, EngineError, Introspectable, Request, Result, UsageError
 from conformance.history import HistoryBuilder, HistoryWriteError, HistoryWriter, parse
 from conformance.oracle import Oracle
@@ -87,14 +88,18 @@ class ScenarioRunner:
         self.resolved: dict[str, tuple[Request, Result]] = {}
 
     def run(self, steps: Sequence[Step], example: int) -> None:
-        """Run one scenario from a cold cache. Raises EngineError after recording an `error` event."""
-        self.begin(example)
+        """Run one scenario from a cold cache. Raises EngineError after recording an `error` event.
+        A completion example (`MarkedScenario`) says so in its `example` event. A stop signal that came
+        between examples stops the run here (not in the stream's test function, whose source seeds the
+        derandomised stream: an added line there draws another CI stream)."""
+        stopping.check()
+        self.begin(example, **(steps.marks if isinstance(steps, MarkedScenario) else {}))
         for step in steps:
             self.step(step)
 
-    def begin(self, example: int) -> None:
+    def begin(self, example: int, **marks: Any) -> None:
         """Start an example (or a stateful session): record it and flush the engine's cache."""
-        self.writer.append("example", index=example)
+        self.writer.append("example", index=example, **marks)
         self.resolved = {}
         self._guarded([], self.reset)
 
@@ -313,11 +318,13 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         if progress is not None:
             progress.start(max_examples if max_examples is not None else base_settings.max_examples)
 
+        # The stream's test. Its source is what a derandomised profile (ci) seeds its stream from
+        # (Hypothesis hashes the test function): an edit here changes every CI stream, so coverage
+        # completion reuses it as it is (`inner_test`) and marks its examples through the scenario.
         @settings(base_settings, **overrides)
         @given(scenarios(caps, max_steps=PROFILES[profile]))
         def conformance_example(scenario: tuple[Step, ...]) -> None:
             nonlocal examples
-            stopping.check()  # a SIGTERM between examples stops the run here
             try:
                 runner.run(scenario, examples)
             except EngineError as exc:
@@ -336,17 +343,11 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
                 raise ConformanceFailure(failures)
 
         test = hypothesis_seed(seed)(conformance_example) if seed is not None else conformance_example
-        try:
-            test()
-        except _EngineBroken:
-            pass  # already recorded as an `error` event
-        except (ConformanceFailure, AssertionError):
-            pass  # recorded in the history; analysis below reports the shrunk witness
-        except (KeyboardInterrupt, HistoryWriteError):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
-            if not _only_conformance(exc):
-                writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
+        _run_phase(test, writer)
+        if not first_failing and not builder.history.errors:  # a failing or broken run needs no more
+            complete(builder.history, conformance_example.hypothesis.inner_test,
+                     lambda test: _run_phase(test, writer), writer,
+                     settings(base_settings, **overrides), seed)
         stopping.check()  # stopped before the run ended: INTERRUPTED, not a finished run
         closer(lambda cause: writer.append("error", cause=cause))
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
@@ -402,6 +403,23 @@ class _Closer:
             self.calls(self.engine.close, "close()")
         except EngineError as exc:
             record(one_line(exc))
+
+
+def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> None:
+    """Run a Hypothesis test of the run (the stream, or the completion after it). A failure is already
+    in the history (the analysis reports its shrunk witness), an engine error too; anything else
+    Hypothesis raises is recorded as an error. Ctrl-C and a history that cannot be written go on up."""
+    try:
+        test()
+    except _EngineBroken:
+        pass  # already recorded as an `error` event
+    except (ConformanceFailure, AssertionError):
+        pass  # recorded in the history; analysis below reports the shrunk witness
+    except (KeyboardInterrupt, HistoryWriteError):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
+        if not _only_conformance(exc):
+            writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
 
 
 def _record_quietly(writer: HistoryWriter, event: str, **fields: Any) -> None:

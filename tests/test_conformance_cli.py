@@ -72,8 +72,10 @@ def test_minimise_writes_a_smaller_witness_that_still_fails(tmp_path, capsys):
 
 
 def test_run_with_unexercised_claims_exits_2(tmp_path):
-    # a single tiny example cannot evict, chunk or poison: the vacuity guard makes it inconclusive
-    assert cli(tmp_path, "--max-examples", "1", "--checks", "exercised") == 2
+    # an engine that claims chunked prefill and never chunks: however many examples coverage completion
+    # adds after the stream, the vacuity guard makes it inconclusive
+    assert cli(tmp_path, "--max-examples", "1", "--checks", "exercised",
+               "--engine", "fake_engine_never_chunks:NeverChunksFake") == 2
 
 
 def test_crashing_engine_exits_3_with_one_line_cause(tmp_path, capsys):

@@ -20,6 +20,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 FAKE = "fake_engine:FakeDictEngine"
+NEVER_CHUNKS = "fake_engine_never_chunks:NeverChunksFake"  # claims chunked prefill, never chunks
 
 
 def plugin_run(tmp_path: Path, *args: str, engine: str = FAKE, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -37,9 +38,11 @@ def run_dirs(tmp_path: Path) -> list[Path]:
 
 
 def test_inconclusive_check_fails_the_session_by_default(tmp_path):
-    """One example cannot hit the cache, accept drafts, chunk and evict: `exercised` is inconclusive,
-    which `kvparity run` answers with exit 2 — the plugin must not answer it with a green session."""
-    out = plugin_run(tmp_path, "-n", "0", "--kvparity-max-examples", "1", "--kvparity-profile", "ci")
+    """An engine that claims chunked prefill and never chunks: whatever coverage completion adds after the
+    stream, `exercised` is inconclusive, which `kvparity run` answers with exit 2 — the plugin must not
+    answer it with a green session."""
+    out = plugin_run(tmp_path, "-n", "0", "--kvparity-max-examples", "1", "--kvparity-profile", "ci",
+                     engine=NEVER_CHUNKS)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "FAILED" in out.stdout and "test_check[exercised]" in out.stdout
     assert "inconclusive:" in out.stdout and "--kvparity-allow-inconclusive" in out.stdout
@@ -47,7 +50,7 @@ def test_inconclusive_check_fails_the_session_by_default(tmp_path):
 
 def test_allow_inconclusive_reports_it_as_skipped(tmp_path):
     out = plugin_run(tmp_path, "-n", "0", "--kvparity-max-examples", "1", "--kvparity-profile", "ci",
-                     "--kvparity-allow-inconclusive")
+                     "--kvparity-allow-inconclusive", engine=NEVER_CHUNKS)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SKIPPED" in out.stdout and "inconclusive:" in out.stdout
     [run] = run_dirs(tmp_path)

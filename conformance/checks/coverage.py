@@ -46,6 +46,10 @@ def exercised(h: History, f: Findings) -> CheckResult:
         f.stats[f"situation:{row.name}"] = row.count
         if row.relevant and not row.count and row.name not in said:
             gaps.append(f"situation never reached: {row.name} ({row.title}; relevant to {row.claim})")
+    done = h.completion or {}
+    if gaps and done.get("unreached"):  # coverage completion went after them too (conformance/completion.py)
+        gaps.append(f"situation never reached, not after {done.get('examples', 0)} completion example(s) either: "
+                    f"{', '.join(done['unreached'])}")
     if caps.prefix_caching and caps.reports_cached_tokens:
         _positive_control(f, h)
     for gap in gaps:
