@@ -294,3 +294,22 @@ def reference_logits(model) -> Logits:
 def hf_logits(model) -> Logits:
     """A transformers causal LM as the search's oracle (oracle=self: the model the engine serves)."""
     return lambda batch: model(batch).logits
+
+
+def checkpoint_landmarks(model_dir: str, info, oracle, budget_s: float = DEFAULT_BUDGET_S) -> Landmarks:
+    """What an adapter serving `model_dir` (empty: the shipped family) declares: the shipped tables,
+    or the search's landmarks run on `oracle` (adapters.reference_oracle.ReferenceOracle) for a
+    user's model; where the reference cannot load the model, only its tokenizer's pairs."""
+    from adapters.landmarks import shipped_landmarks
+
+    if not model_dir:
+        return shipped_landmarks()
+
+    def model() -> Logits | None:
+        try:
+            return reference_logits(oracle._model("a", None))
+        except Exception:  # noqa: BLE001 - another architecture: no model search, said as "not steered"
+            return None
+
+    skip = [i for i in (info.bos_id, info.pad_id) if i is not None]
+    return discover(model_dir, info.vocab_size, info.eos_id, model, budget_s, exclude=skip)
