@@ -21,6 +21,7 @@ situation left without landmarks reads "not steered (no landmarks found in N s)"
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -126,25 +127,49 @@ def climbed_eos_paths(logits: Logits, pool: list[int], eos: int, rng: random.Ran
                       limit: int = MAX_EOS_PATHS) -> list[tuple[list[int], list[int]]]:
     """Coordinate search for a prompt whose last `c` tokens are what greedy decoding of the rest gives,
     followed by eos: one teacher-forced forward pass scores a candidate (the smallest margin by which
-    each target token, and eos, wins at its position); a score above 0 is a path, then verified."""
+    each target token, and eos, wins at its position); a score above 0 is a path, then verified.
+
+    The prompt's last token and the continuation are also copied earlier in the prompt (`_twin`), so
+    an n-gram drafter (prompt lookup) drafts the continuation: eos then comes right after an accepted
+    draft run, and a stop on a continuation token fires inside one. Random prompts almost never do."""
     found: list[tuple[list[int], list[int]]] = []
     while len(found) < limit and time.monotonic() < deadline:
-        c = rng.randint(1, MAX_CONTINUATION)
+        c = rng.choice((1, 1, 2, 2, 3, MAX_CONTINUATION))  # shallow paths are found fastest
         best = [rng.choice(pool) for _ in range(PROMPT + c)]
+        for pos in range(PROMPT - 1, PROMPT + c):
+            best[_twin(pos, c)] = best[pos]
         best_score = _path_score(logits, torch.tensor([best]), c, eos)[0]
         for _ in range(4 * len(best)):
             if best_score > 0.05 or time.monotonic() >= deadline:
                 break
             pos = rng.randrange(len(best))
             alphabet = rng.sample(pool, min(ALPHABET, len(pool)))
-            scores = _path_score(logits, torch.tensor([best[:pos] + [t] + best[pos + 1:] for t in alphabet]), c, eos)
+            cands = [_set(best, pos, t, c) for t in alphabet]
+            scores = _path_score(logits, torch.tensor(cands), c, eos)
             i = max(range(len(alphabet)), key=scores.__getitem__)
             if scores[i] > best_score:
-                best, best_score = best[:pos] + [alphabet[i]] + best[pos + 1:], scores[i]
+                best, best_score = cands[i], scores[i]
         prompt, cont = best[:-c], best[-c:]
         if best_score > 0 and (prompt, cont) not in found and is_eos_path(logits, prompt, cont, eos):
             found.append((prompt, cont))
     return found
+
+
+def _twin(pos: int, c: int) -> int:
+    """The earlier copy of position `pos` (the prompt's last token or a continuation token): the copy
+    sits at the middle of the prompt."""
+    return pos - (PROMPT - 1 - PROMPT // 3)
+
+
+def _set(seq: list[int], pos: int, token: int, c: int) -> list[int]:
+    out = list(seq)
+    out[pos] = token
+    copied = PROMPT // 3
+    if pos >= PROMPT - 1:
+        out[_twin(pos, c)] = token
+    elif copied <= pos <= copied + c:
+        out[pos + (PROMPT - 1 - copied)] = token
+    return out
 
 
 def _path_score(logits: Logits, batch: torch.Tensor, c: int, eos: int) -> list[float]:
@@ -185,6 +210,14 @@ def _margin(logits: Logits, batch: torch.Tensor) -> list[float]:
     return (top[:, 0] - top[:, 1]).tolist()
 
 
+@contextlib.contextmanager
+def _restore_threads(n: int):
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 def search(logits: Logits | None, tokenizer, vocab_size: int, eos_id: int | None, budget_s: float,
            revision: str = "a", seed: int = 0, exclude: Sequence[int] = ()) -> Landmarks:
     """Everything findable within `budget_s` seconds (same-text pairs are not timed: a pass over the
@@ -198,7 +231,11 @@ def search(logits: Logits | None, tokenizer, vocab_size: int, eos_id: int | None
         rng = random.Random(seed)
         skip = set(exclude) | ({eos_id} if eos_id is not None else set())
         pool = [t for t in range(vocab_size) if t not in skip]
-        with torch.no_grad():
+        threads = torch.get_num_threads()
+        # One thread: the searched batches are small matrices, where an intra-op pool's wake-ups cost
+        # more than they save (20x slower on a busy 2-core machine for the tiny test models).
+        torch.set_num_threads(1)
+        with torch.no_grad(), _restore_threads(threads):
             if eos_id is not None:
                 eos = eos_paths(logits, pool, eos_id, rng, start + budget_s * 0.1)
                 eos += climbed_eos_paths(logits, pool, eos_id, rng, start + budget_s * 0.7,
