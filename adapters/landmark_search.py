@@ -76,8 +76,21 @@ def checkpoint_digest(folder: str | Path, eos_id: int | None) -> str:
 # --------------------------------------------------------------------------- the search
 
 
+MAX_LOGITS_BYTES = 64 << 20  # a forward pass holds (rows, positions, vocabulary) logits: bounded
+
+
+def _tail(logits: Logits, batch: torch.Tensor, keep: int) -> torch.Tensor:
+    """The logits of the last `keep` positions, the batch run in as many row chunks as keep the full
+    logits within MAX_LOGITS_BYTES (a 150k vocabulary: a few rows at a time)."""
+    probe = logits(batch[:1])
+    per_row = probe.numel() * 8
+    rows = max(1, MAX_LOGITS_BYTES // per_row)
+    parts = [probe[:, -keep:, :]] + [logits(batch[i:i + rows])[:, -keep:, :] for i in range(1, len(batch), rows)]
+    return torch.cat(parts)
+
+
 def _last(logits: Logits, batch: torch.Tensor) -> torch.Tensor:
-    return logits(batch)[:, -1, :]
+    return _tail(logits, batch, 1)[:, -1, :]
 
 
 def _greedy(logits: Logits, prompt: Sequence[int], n: int, eos: int) -> tuple[list[int], list[float]]:
@@ -175,7 +188,7 @@ def _set(seq: list[int], pos: int, token: int, c: int) -> list[int]:
 def _path_score(logits: Logits, batch: torch.Tensor, c: int, eos: int) -> list[float]:
     """Per row: min over the last c + 1 predictions of (target logit - best other logit), where the
     targets are the row's last c tokens and then eos."""
-    out = logits(batch)[:, -c - 1:, :].double()
+    out = _tail(logits, batch, c + 1).double()
     targets = torch.cat([batch[:, -c:], torch.full((batch.shape[0], 1), eos)], dim=1)
     chosen = out.gather(2, targets[:, :, None])[:, :, 0]
     others = out.scatter(2, targets[:, :, None], float("-inf")).max(-1).values
@@ -333,7 +346,7 @@ def hf_logits(model) -> Logits:
     return lambda batch: model(batch).logits
 
 
-def checkpoint_landmarks(model_dir: str, info, oracle, budget_s: float = DEFAULT_BUDGET_S) -> Landmarks:
+def checkpoint_landmarks(model_dir: str, info, oracle, budget_s: float | None = None) -> Landmarks:
     """What an adapter serving `model_dir` (empty: the shipped family) declares: the shipped tables,
     or the search's landmarks run on `oracle` (adapters.reference_oracle.ReferenceOracle) for a
     user's model; where the reference cannot load the model, only its tokenizer's pairs."""
@@ -349,4 +362,5 @@ def checkpoint_landmarks(model_dir: str, info, oracle, budget_s: float = DEFAULT
             return None
 
     skip = [i for i in (info.bos_id, info.pad_id) if i is not None]
-    return discover(model_dir, info.vocab_size, info.eos_id, model, budget_s, exclude=skip)
+    budget = DEFAULT_BUDGET_S if budget_s is None else budget_s
+    return discover(model_dir, info.vocab_size, info.eos_id, model, budget, exclude=skip)

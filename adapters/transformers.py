@@ -52,7 +52,7 @@ class TransformersAdapter:
     def __init__(self, mode: str = "generate", k: str | int = 3, page_size: str | int = 16,
                  num_blocks: str | int = 64, dtype: str = "float64", modes: str = "", model: str = "",
                  draft: str = "", oracle: str = "reference", oracle_dtype: str = "float64",
-                 landmark_budget: str | float = landmark_search.DEFAULT_BUDGET_S):
+                 landmark_budget: str | float | None = None):
         try:
             import transformers
         except ImportError as e:  # pragma: no cover - exercised only without the extra
@@ -193,11 +193,11 @@ class TransformersAdapter:
             raise EngineError(f"transformers {self.config['mode']}: {type(e).__name__}: {e}".splitlines()[0]) from e
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _landmarks(self, budget: str | float):
+    def _landmarks(self, budget: str | float | None):
         """The shipped family's tables; for model=PATH, those found by the bounded search on it
         (adapters/landmark_search.py, cached per checkpoint digest), run on the oracle's model."""
         try:
-            budget_s = float(budget)
+            budget_s = landmark_search.DEFAULT_BUDGET_S if budget is None else float(budget)
         except ValueError:
             raise UsageError(f"landmark_budget={budget!r}: seconds (0: no search)") from None
         if not self.model_dir:
