@@ -59,6 +59,7 @@ import numpy as np
 
 from adapters import llama_cpp_versions as versions
 from adapters.engine_args import bool_arg, choice_arg, int_arg, list_arg, num_arg
+from adapters.landmarks import shipped_landmarks
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
 
@@ -252,7 +253,7 @@ class LlamaCppAdapter:
             revisions=("a", "b"), adapters=self.adapters, introspection=False, baseline_mode=False,
             tolerance=self.tolerance, config_space=self._config_space(),
             knob_roles={k: r for k, r in KNOB_ROLES.items() if k in self.vary}, min_hit_prompt=2,
-            version=self.version(),
+            version=self.version(), landmarks=shipped_landmarks(),  # it serves the shipped family
         )
 
     def _config_space(self) -> dict[str, tuple]:

@@ -30,7 +30,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from adapters import checkpoint_info, transformers_versions
+from adapters import checkpoint_info, landmark_search, transformers_versions
+from adapters.landmarks import shipped_landmarks
 from adapters.engine_args import choice_arg, int_arg, list_arg
 from adapters.reference_oracle import ORACLES, ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
@@ -50,7 +51,8 @@ class TransformersAdapter:
 
     def __init__(self, mode: str = "generate", k: str | int = 3, page_size: str | int = 16,
                  num_blocks: str | int = 64, dtype: str = "float64", modes: str = "", model: str = "",
-                 draft: str = "", oracle: str = "reference", oracle_dtype: str = "float64"):
+                 draft: str = "", oracle: str = "reference", oracle_dtype: str = "float64",
+                 landmark_budget: str | float | None = None):
         try:
             import transformers
         except ImportError as e:  # pragma: no cover - exercised only without the extra
@@ -84,6 +86,7 @@ class TransformersAdapter:
         if self.oracle == "reference":
             self._oracle.check_loadable()
         self.configure({})
+        self.landmarks = self._landmarks(landmark_budget)
 
     # -- contract ---------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -112,6 +115,7 @@ class TransformersAdapter:
             # so a difference in it is judged as scheduling, as it was before roles were declared.
             knob_roles={"mode": "schedule", "k": "speculation"},
             min_hit_prompt=self.config["page_size"] + 1,
+            landmarks=self.landmarks,
         )
 
     def configure(self, config: Mapping[str, Any]) -> None:
@@ -189,6 +193,25 @@ class TransformersAdapter:
             raise EngineError(f"transformers {self.config['mode']}: {type(e).__name__}: {e}".splitlines()[0]) from e
 
     # -- helpers ----------------------------------------------------------------------------------
+    def _landmarks(self, budget: str | float | None):
+        """The shipped family's tables; for model=PATH, those found by the bounded search on it
+        (adapters/landmark_search.py, cached per checkpoint digest), run on the oracle's model."""
+        try:
+            budget_s = landmark_search.DEFAULT_BUDGET_S if budget is None else float(budget)
+        except ValueError:
+            raise UsageError(f"landmark_budget={budget!r}: seconds (0: no search)") from None
+        if not self.model_dir:
+            return shipped_landmarks()
+
+        def oracle_model():
+            if self.oracle == "reference":
+                return landmark_search.reference_logits(self._oracle._model("a", None))
+            return landmark_search.hf_logits(self._model("a"))
+
+        skip = [i for i in (self.info.bos_id, self.info.pad_id) if i is not None]
+        return landmark_search.discover(self.model_dir, self.info.vocab_size, self.eos, oracle_model,
+                                        budget_s, exclude=skip)
+
     def _model(self, revision: str):
         key = f"target-{revision}"
         if key not in self._models:

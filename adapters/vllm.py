@@ -52,7 +52,7 @@ from typing import Any, Mapping, Sequence
 
 from attrs import evolve
 
-from adapters import vllm_versions
+from adapters import landmark_search, vllm_versions
 from adapters.engine_args import bool_arg, int_arg, list_arg, num_arg
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
@@ -226,6 +226,7 @@ class VllmAdapter:
         self.max_loras = int_arg("max_loras", max_loras, lo=1)
         self._engines: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self._oracle = ReferenceOracle(self.info.eos_id, model_dir or None)
+        self.landmarks = landmark_search.checkpoint_landmarks(model_dir, self.info, self._oracle)
         self.config = dict(self.defaults)
         # Start the default engine now (in the caller's thread), so a broken install fails at load time.
         self._engine(self.revisions[0])
@@ -248,7 +249,7 @@ class VllmAdapter:
             introspection=False, baseline_mode=False, tolerance=self.tolerance, config_space=space,
             knob_roles={k: KNOB_ROLES[k] for k in space},
             prefix_caching_off={"prefix_caching": ("false",)} if "prefix_caching" in space else {},
-            min_hit_prompt=self.block_size + 1)
+            min_hit_prompt=self.block_size + 1, landmarks=self.landmarks)
 
     def configure(self, config: Mapping[str, Any]) -> None:
         unknown = set(config) - set(KNOBS)

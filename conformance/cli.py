@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "features are flagged against its plain near-tie rate (none: the declared tau)")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="no progress line (by default: live on a terminal, every tenth of the examples in a log)")
+    run.add_argument("--accept-unsteered", action="store_true",
+                     help="a situation the adapter found no landmarks for (eos paths, near-ties, same-text pairs) "
+                          "and the run never reached is noted, not inconclusive")
     run.add_argument("--minimise", action="store_true",
                      help="after the run, minimise one witness per failed check on fresh engines (<case>.min.json); "
                           "each replay builds an engine, so this is for engines that start fast")
@@ -199,6 +202,10 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     report_dir = writable_folder(args.report_dir, "--report-dir")
     resolve(args.engine)  # an unknown engine is a usage error before anything is built
     engine = build_engine(args.engine, engine_args, args.timeout)
+    if args.accept_unsteered:
+        from conformance.situations import accept_unsteered
+
+        accept_unsteered(engine)
     run_dir = new_run_dir(report_dir, args.engine)
     status.tell(run_dir=str(run_dir))
     outcome = run_suite(engine, engine_name=args.engine, engine_args=engine_args, profile=args.profile,

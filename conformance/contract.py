@@ -149,13 +149,19 @@ class Landmarks:
     near_ties: tuple[NearTie, ...] = field(default=(), converter=tuple)
     same_text: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = field(
         default=(), converter=lambda pairs: tuple(_token_tuples(p) for p in pairs))
+    # Seconds the adapter's search looked for these (adapters/landmark_search.py); None: not searched
+    # (shipped tables). A situation left without its landmarks reads "not steered (no landmarks found
+    # in N s)" and makes the run inconclusive, unless the user accepted that (`unsteered_accepted`,
+    # `kvparity run --accept-unsteered`).
+    search_s: float | None = field(default=None, converter=lambda v: None if v is None else float(v))
+    unsteered_accepted: bool = field(default=False, converter=bool)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "Landmarks":
         d = d or {}
         return cls(tuple(p if isinstance(p, EosPath) else EosPath(**p) for p in d.get("eos_paths", ())),
                    tuple(t if isinstance(t, NearTie) else NearTie(**t) for t in d.get("near_ties", ())),
-                   d.get("same_text", ()))
+                   d.get("same_text", ()), d.get("search_s"), d.get("unsteered_accepted", False))
 
 
 @frozen

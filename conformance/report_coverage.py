@@ -184,7 +184,8 @@ def blocks(results: Mapping[str, Any]) -> list[Block]:
         for s in situations:
             missing = s["relevant"] and s["count"] == 0
             rows.append([f"`{s['name']}` {s['title']}", s["claim"], "yes" if s["relevant"] else "no",
-                         f"{s['count']:,}" + (" — **not reached**" if missing else "")])
+                         f"{s['count']:,}" + (" — **not reached**" if missing else "")
+                         + (f" — {s['steering']}" if missing and s.get("steering") else "")])
             classes.append("missing" if missing else ("muted" if not s["relevant"] else ""))
         out.append(Table(["situation", "claim", "relevant", "count"], rows, classes))
         n_missing = sum(s["relevant"] and s["count"] == 0 for s in situations)

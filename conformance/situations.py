@@ -7,7 +7,10 @@ every report ("situation | relevant to claim | count"), and a situation relevant
 capability that never occurred makes the `exercised` check inconclusive, naming it.
 
 `relevant(caps)` says whether the engine's claims make a situation worth reaching (eos inside a draft is
-only relevant to an engine that speculates and has an eos id).
+only relevant to an engine that speculates and has an eos id). It reads the claims only, never the
+landmarks: a situation the strategies can only reach by steering (`landmark`: eos paths, near-ties,
+same-text pairs) whose landmarks the adapter did not find stays relevant, and an unreached one reads
+"not steered (no landmarks found in N s)" (`steering`) rather than disappearing from the claims.
 """
 
 from __future__ import annotations
@@ -29,6 +32,30 @@ class Situation:
     claim: str  # the claimed capability it exercises, in words ("prefix caching", "speculation", ...)
     count: Callable[[History], int]
     relevant: Callable[[Capabilities], bool] = lambda caps: True
+    landmark: str | None = None  # the Landmarks field the strategies steer to it with
+
+
+def steering(caps: Capabilities | None, s: Situation) -> str:
+    """Why the strategies could not steer to `s` ("" where they could, or it needs no landmark)."""
+    if caps is None or s.landmark is None or getattr(caps.landmarks, s.landmark):
+        return ""
+    searched = caps.landmarks.search_s
+    return f"not steered (no landmarks found in {searched:g} s)" if searched is not None else \
+        "not steered (the adapter has no landmarks for it)"
+
+
+def accept_unsteered(engine) -> None:
+    """`kvparity run --accept-unsteered`: the engine's capabilities say the user accepts situations left
+    unsteered, so the history records the choice and a re-analysis reads the same verdict."""
+    from conformance.contract import evolve
+
+    inner = engine.capabilities
+
+    def capabilities() -> Capabilities:
+        caps = inner()
+        return evolve(caps, landmarks=evolve(caps.landmarks, unsteered_accepted=True))
+
+    engine.capabilities = capabilities
 
 
 @frozen
@@ -40,22 +67,24 @@ class Coverage:
     claim: str
     relevant: bool
     count: int
+    steering: str = ""  # "not steered (...)" where its landmarks are missing
 
     def to_json(self) -> dict:
         return {"name": self.name, "title": self.title, "claim": self.claim, "relevant": self.relevant,
-                "count": self.count}
+                "count": self.count, "steering": self.steering}
 
 
 SITUATIONS: dict[str, Situation] = {}
 
 
-def situation(*, title: str, claim: str, relevant: Callable[[Capabilities], bool] = lambda caps: True):
+def situation(*, title: str, claim: str, relevant: Callable[[Capabilities], bool] = lambda caps: True,
+              landmark: str | None = None):
     """Register a counting function under its name."""
 
     def deco(fn: Callable[[History], int]) -> Callable[[History], int]:
         if fn.__name__ in SITUATIONS:
             raise ValueError(f"situation {fn.__name__!r} registered twice")
-        SITUATIONS[fn.__name__] = Situation(fn.__name__, title, claim, fn, relevant)
+        SITUATIONS[fn.__name__] = Situation(fn.__name__, title, claim, fn, relevant, landmark)
         return fn
 
     return deco
@@ -68,7 +97,7 @@ def coverage(history: History, names: Iterable[str] | None = None) -> list[Cover
     for name in (names or list(SITUATIONS)):
         s = SITUATIONS[name]
         rows.append(Coverage(s.name, s.title, s.claim, bool(caps is not None and s.relevant(caps)),
-                             int(s.count(history))))
+                             int(s.count(history)), steering(caps, s)))
     return rows
 
 
@@ -158,22 +187,22 @@ def adapter_reload(h: History) -> int:
 
 
 def _eos(caps: Capabilities) -> bool:
-    return caps.eos_id is not None and bool(caps.landmarks.eos_paths)
+    return caps.eos_id is not None
 
 
-@situation(title="finished on eos", claim="eos handling", relevant=_eos)
+@situation(title="finished on eos", claim="eos handling", relevant=_eos, landmark="eos_paths")
 def eos_finish(h: History) -> int:
     return sum(r.finish_reason == "eos" for _, _, r in _results(h))
 
 
 @situation(title="finished on eos with draft tokens accepted (eos in a draft run or as the bonus token)",
-           claim="speculation", relevant=lambda caps: _eos(caps) and _spec(caps))
+           claim="speculation", relevant=lambda caps: _eos(caps) and _spec(caps), landmark="eos_paths")
 def eos_in_speculation(h: History) -> int:
     return sum(r.finish_reason == "eos" and bool(r.draft_accepted) for _, _, r in _results(h))
 
 
 @situation(title="finished on eos after a prefix cache hit", claim="prefix caching",
-           relevant=lambda caps: _eos(caps) and _cache(caps))
+           relevant=lambda caps: _eos(caps) and _cache(caps), landmark="eos_paths")
 def eos_on_warm_cache(h: History) -> int:
     return sum(r.finish_reason == "eos" and bool(r.cached_tokens) for _, _, r in _results(h))
 
@@ -332,7 +361,7 @@ def _canonical(caps: Capabilities, ids: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @situation(title="the same text as an earlier prompt, in other token ids", claim="prefix caching",
-           relevant=lambda caps: _cache(caps) and bool(caps.landmarks.same_text))
+           relevant=_cache, landmark="same_text")
 def same_text_other_ids(h: History) -> int:
     caps, n = h.capabilities, 0
     if caps is None or not caps.landmarks.same_text:
@@ -350,8 +379,14 @@ def same_text_other_ids(h: History) -> int:
 NEAR_TIE_MARGIN = 1e-4
 
 
+def _ties(caps: Capabilities) -> bool:
+    """An engine that declares a tolerance says its divergences below it are ties: whether it keeps to
+    that shows only at near-ties. An exact engine (tau 0) is held to them where near-ties are known."""
+    return caps.tolerance > 0 or bool(caps.landmarks.near_ties)
+
+
 @situation(title=f"plain decoding picked a token by a margin below {NEAR_TIE_MARGIN:g}", claim="tie handling",
-           relevant=lambda caps: bool(caps.landmarks.near_ties))
+           relevant=_ties, landmark="near_ties")
 def near_tie_met(h: History) -> int:
     n = 0
     for _, q, r in _results(h):

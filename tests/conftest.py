@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from hypothesis import settings
 
@@ -15,3 +16,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 settings.register_profile("kvparity-tests", parent=settings.get_profile("default"), deadline=None,
                           print_blob=True)
 settings.load_profile("kvparity-tests")
+
+
+@pytest.fixture(autouse=True)
+def _short_landmark_searches(tmp_path_factory, monkeypatch):
+    """An adapter on a user's checkpoint searches its landmarks at start (adapters/landmark_search.py):
+    in tests for 2 s, cached under the session's temporary folder, never the checkout's .kvparity/.
+    A test that needs a real search passes its own budget and cache folder."""
+    from adapters import landmark_search
+
+    monkeypatch.setattr(landmark_search, "DEFAULT_BUDGET_S", 2.0)
+    monkeypatch.setattr(landmark_search, "CACHE_DIR", tmp_path_factory.getbasetemp() / "landmarks")

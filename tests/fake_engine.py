@@ -8,13 +8,14 @@ passes the clean engine. Constructed like any adapter: `FakeDictEngine(**{"bug":
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import zlib
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
-from conformance.contract import Baseline, Capabilities, Request, Result
+from conformance.contract import Baseline, Capabilities, EosPath, Landmarks, Request, Result
 
 BUGS = ("none", "salt_leak", "adapter_leak", "overreport", "phantom", "wrong_after_hit", "spec_wrong",
         "spec_overaccept", "chunk_wrong", "leak_blocks", "no_report", "near_tie", "full_hit", "crash", "hang",
@@ -67,7 +68,8 @@ class FakeDictEngine:
             chunked_prefill=True, evicts=True, identities={"salt", "adapter"}, adapters=("lora1",),
             introspection=True, tolerance=self.tolerance, min_hit_prompt=self.block + 1, version="fake-1",
             config_space={"spec_k": (0, 2), "chunk": (0, 8), "cache_blocks": (256, 6)},
-            knob_roles={"spec_k": "speculation", "chunk": "schedule", "cache_blocks": "cache"})
+            knob_roles={"spec_k": "speculation", "chunk": "schedule", "cache_blocks": "cache"},
+            landmarks=fake_landmarks())
 
     def configure(self, config: Mapping[str, Any]) -> None:
         self.config = dict(config)
@@ -158,3 +160,22 @@ class FakeDictEngine:
             reported = 0
         return Result(q.id, out, reason, cached_tokens=reported, draft_proposed=proposed, draft_accepted=accepted,
                       evictions=evictions, prefill_chunks=chunks)
+
+
+@functools.cache
+def fake_landmarks() -> Landmarks:
+    """The fake model's own landmarks, found the way adapters/landmark_search.py finds a real model's
+    (greedy decoding that reaches eos, cut before it): eos paths of one and two tokens; and a same-text
+    pair declared as if a tokenizer had one (the fake has no text). Without them its eos and same-text
+    situations would be "not steered" and every clean run inconclusive (issue 28.3)."""
+    step = FakeDictEngine._step
+    paths = []
+    for a in range(4, 64):
+        for b in range(4, 64):
+            t = step(None, None, [a, b])[0]
+            u = step(None, None, [a, b, t])[0]
+            if t != EOS and u == EOS:
+                paths.append(EosPath("a", (a, b), (t,)))
+            if len(paths) == 3:
+                return Landmarks(eos_paths=tuple(paths), same_text=(((50,), (51, 52)),))
+    return Landmarks(same_text=(((50,), (51, 52)),))

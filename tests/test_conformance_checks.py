@@ -12,7 +12,7 @@ import pytest
 
 from conformance.analysis import analyse
 from conformance.checks import CHECKS, run_check
-from conformance.contract import Baseline, Capabilities, Identity, Request, Result
+from conformance.contract import Baseline, Capabilities, Identity, Landmarks, Request, Result, evolve
 from conformance.history import HistoryWriter, oracle_key_str, parse
 
 CAPS = Capabilities(name="crafted", vocab_size=64, max_context=256, eos_id=3, block_size=4, prefix_caching=True,
@@ -340,7 +340,12 @@ def test_rollback_hygiene_skipped_without_introspection():
 def _busy(leave_out: str | None = None) -> Crafted:
     """A history that exercises every capability CAPS claims and every situation relevant to it
     (conformance/situations.py), one batch each; `leave_out` names a situation whose batch is left out."""
-    h = Crafted().config(chunk=8)
+    # eos and same-text situations are relevant to an engine with an eos id and a cache, landmarks or
+    # not (issue 28.3): the history reaches them, with a same-text pair declared
+    caps = evolve(CAPS, landmarks=Landmarks(same_text=(((50,), (51, 52)),)))
+    h = Crafted(caps).config(chunk=8)
+    h.batch((req("g", (50,) + P, salt="x"), res("g", [1, 3], "eos")))
+    h.batch((req("h", (51, 52) + P, salt="x"), res("h", [1, 3], "eos", cached=4, draft_proposed=2, draft_accepted=1)))
     h.batch((req("a", P, salt="x"), res("a", [1, 2], draft_proposed=2, draft_accepted=1,
                                         prefill_chunks=2, evictions=1)))
     h.batch((req("b", P, salt="x"), res("b", [1], cached=8)))

@@ -16,7 +16,7 @@ ADAPTERS = REPO / "adapters"
 
 # Modules directly in adapters/ that are not an engine: helpers the engine modules share. Keep it short;
 # a command goes to adapters/commands/, a probe to adapters/probes/.
-SHARED_HELPERS = {"engine_args", "reference_oracle", "checkpoint_info", "landmarks"}
+SHARED_HELPERS = {"engine_args", "reference_oracle", "checkpoint_info", "landmarks", "landmark_search"}
 ROLE_PACKAGES = {"commands", "probes"}
 
 

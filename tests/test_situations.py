@@ -85,10 +85,12 @@ def test_stop_in_speculation_needs_a_stop_past_position_zero_with_accepted_draft
     assert count(first, "stop_in_speculation") == 0
 
 
-def test_landmark_situations_are_irrelevant_without_landmarks():
+def test_landmark_situations_stay_relevant_without_landmarks_and_say_not_steered():
+    # relevance comes from the claims (an eos id, a cache), not the landmarks (issue 28.3)
     rows = {c.name: c for c in coverage(Crafted().history())}
-    assert not rows["near_tie_met"].relevant and not rows["same_text_other_ids"].relevant
-    assert not rows["eos_finish"].relevant  # CAPS declares no eos paths: unreachable, not missing
+    assert rows["eos_finish"].relevant and rows["same_text_other_ids"].relevant
+    assert rows["eos_finish"].steering.startswith("not steered")
+    assert not rows["near_tie_met"].relevant  # an exact engine (tau 0) with no known near-tie
 
 
 def test_block_after_other_prefix_counts_a_repeated_or_shifted_block_a_lookup_reaches():

@@ -41,11 +41,17 @@ def exercised(h: History, f: Findings) -> CheckResult:
         gaps.append("identities claimed but no identity ever sent another identity's prefix")
     # Every other situation a claim makes relevant (conformance/situations.py) must have occurred too;
     # the five above keep their own words.
+    # One the strategies could not steer to (its landmarks were not found) says so; the user may accept
+    # that (`kvparity run --accept-unsteered`): noted, no longer inconclusive.
     said = {"prefix_hit", "accepted_draft", "eviction", "chunked_prefill", "cross_identity_attempt"}
     for row in situations.coverage(h):
         f.stats[f"situation:{row.name}"] = row.count
         if row.relevant and not row.count and row.name not in said:
-            gaps.append(f"situation never reached: {row.name} ({row.title}; relevant to {row.claim})")
+            why = f"situation never reached: {row.name} ({row.title}; relevant to {row.claim})"
+            if row.steering and caps.landmarks.unsteered_accepted:
+                f.note(f"{why}: {row.steering}, accepted by --accept-unsteered")
+            else:
+                gaps.append(f"{why}: {row.steering}" if row.steering else why)
     done = h.completion or {}
     if gaps and done.get("unreached"):  # coverage completion went after them too (conformance/completion.py)
         gaps.append(f"situation never reached, not after {done.get('examples', 0)} completion example(s) either: "
