@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from conformance import known as known_mod
 from conformance import validation
 from conformance.analysis import Analysis, analyse, example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls, one_line
@@ -32,6 +33,7 @@ from conformance.contract import Capabilities, Engine, EngineError, Introspectab
 from conformance.history import HistoryBuilder, HistoryWriteError, HistoryWriter, parse
 from conformance.oracle import Oracle
 from conformance.progress import Progress
+from conformance.signature import example_signatures
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
 from conformance.verdicts import CheckResult, Failure
 
@@ -205,6 +207,60 @@ class ConformanceFailure(AssertionError):
         super().__init__("; ".join(f"[{f.check}] {f.title}" for f in failures[:5]))
 
 
+_FAILURE_TYPES: dict[str, type[ConformanceFailure]] = {}
+
+
+def failure_type(signature: str) -> type[ConformanceFailure]:
+    """One exception class per signature: Hypothesis tells bugs apart by exception type (and place), so
+    each signature is its own bug to it, shrunk on its own (`report_multiple_bugs`)."""
+    return _FAILURE_TYPES.setdefault(signature, type(f"ConformanceFailure_{signature}", (ConformanceFailure,), {}))
+
+
+class _Hunt:
+    """Which failures stop Hypothesis, and whether to look again. A failure whose signature is known
+    (`--known`) or was already found and shrunk (an earlier round) does not raise: the example is
+    recorded and the run goes on. A new signature raises its own exception type, so Hypothesis shrinks
+    it; then a further round looks for the next bug with the examples left — those run up to each
+    round's first new signature count against the budget (shrinking does not) — until a round finds
+    nothing new or the budget is spent."""
+
+    def __init__(self, known: set[str]) -> None:
+        self.quiet = set(known)
+        self.found: list[str] = []
+        self.round, self.spent, self.started = -1, 0, 0
+        self.first_new: int | None = None
+
+    def decide(self, history: Any, example: Any, verdicts: Mapping[str, CheckResult], failures: list[Failure],
+               examples: int) -> None:
+        """Raise for an example with a signature not yet quiet; return for one whose every signature is."""
+        sigs = example_signatures(history, example, verdicts)
+        if not sigs:
+            raise ConformanceFailure(failures)  # nothing to sign (every failure is a finding: not expected)
+        new = [s for s in sigs if s not in self.quiet]
+        if not new:
+            return
+        if new[0] not in self.found:
+            self.found.append(new[0])
+            if self.first_new is None:
+                self.first_new = examples
+        raise failure_type(new[0])(failures)
+
+    def begin(self, examples: int) -> None:
+        self.round += 1
+        self.started, self.first_new = examples, None
+
+    def more(self, examples: int, budget: int) -> bool:
+        """Run (another) round? The first always; another when the last found a new signature and
+        examples are left."""
+        if self.round < 0:
+            return True
+        if self.first_new is None:
+            return False
+        self.spent += self.first_new - self.started
+        self.quiet |= set(self.found)
+        return self.spent < budget
+
+
 class _EngineBroken(BaseException):
     """Stops Hypothesis at once: an engine that crashed or hung is not worth shrinking against."""
 
@@ -264,7 +320,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
               database_dir: str | os.PathLike[str] | None = None, shrink: bool = True,
               run_dir: str | os.PathLike[str] | None = None, calls: EngineCalls | None = None,
               tolerance: float | None = None, calibration: str | None = None,
-              progress: Progress | None = None, close: bool = False) -> RunOutcome:
+              progress: Progress | None = None, close: bool = False,
+              known_findings: Sequence[Mapping[str, str]] | None = None, strict_known: bool = False) -> RunOutcome:
     """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/` (or `run_dir`).
 
     Fail closed: an engine error, a history that cannot be written and a Ctrl-C all end the run with
@@ -273,7 +330,11 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
 
     `close`: close the engine as the run's last engine call, before `run_end` and the report, so a close
     that raises or hangs is an `error` event of the history and every report file says so (`kvparity
-    run`); a run the user interrupted is not closed here (its caller closes it after the report)."""
+    run`); a run the user interrupted is not closed here (its caller closes it after the report).
+
+    `known_findings` (`--known`, conformance.known): failures with those signatures do not stop the run
+    nor fail it; they are recorded and reported as known. Several bugs per run: each new signature
+    stops Hypothesis and is shrunk on its own (`_Hunt`), then the run looks on, with the examples left."""
     from conformance.report import write_report
 
     names = select_checks(checks)
@@ -291,12 +352,15 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     examples = 0
     interrupted = False
     closer = _Closer(engine, calls, close)
+    hunt = _Hunt({e["signature"] for e in known_findings or ()})
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         if tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
             caps = attrs.evolve(caps, tolerance=tolerance)
         writer.append("run_start", engine=engine_name, engine_args=dict(engine_args or {}), capabilities=caps,
-                      versions=versions(caps), seed=seed, profile=profile, checks=names, calibration=calibration)
+                      versions=versions(caps), seed=seed, profile=profile, checks=names, calibration=calibration,
+                      **({} if known_findings is None else {"known": [dict(e) for e in known_findings],
+                                                           "strict_known": strict_known}))
         oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
         runner = ScenarioRunner(engine, writer, oracle, caps, calls=calls)
         db = DirectoryBasedExampleDatabase(str(Path(database_dir or ".hypothesis") / "kvparity" /
@@ -311,8 +375,6 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         if progress is not None:
             progress.start(max_examples if max_examples is not None else base_settings.max_examples)
 
-        @settings(base_settings, **overrides)
-        @given(scenarios(caps, max_steps=PROFILES[profile]))
         def conformance_example(scenario: tuple[Step, ...]) -> None:
             nonlocal examples
             try:
@@ -330,20 +392,30 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
             for f in failures:
                 first_failing.setdefault(f.check, example.index)
             if failures:
-                raise ConformanceFailure(failures)
+                hunt.decide(builder.history, example, verdicts, failures, examples)
 
-        test = hypothesis_seed(seed)(conformance_example) if seed is not None else conformance_example
-        try:
-            test()
-        except _EngineBroken:
-            pass  # already recorded as an `error` event
-        except (ConformanceFailure, AssertionError):
-            pass  # recorded in the history; analysis below reports the shrunk witness
-        except (KeyboardInterrupt, HistoryWriteError):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
-            if not _only_conformance(exc):
-                writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
+        budget = max_examples if max_examples is not None else base_settings.max_examples
+        while hunt.more(examples, budget):
+            more = {} if hunt.round < 0 else {"database": None, "derandomize": False, "max_examples": budget - hunt.spent}
+            test = settings(base_settings, **{**overrides, **more})(
+                given(scenarios(caps, max_steps=PROFILES[profile]))(conformance_example))
+            if more:  # a further round: the examples left, a seed of its own, no database replay
+                test = hypothesis_seed((seed or 0) * 1000 + hunt.round + 1)(test)
+            elif seed is not None:
+                test = hypothesis_seed(seed)(test)
+            hunt.begin(examples)
+            try:
+                test()
+            except _EngineBroken:
+                break  # already recorded as an `error` event
+            except (ConformanceFailure, AssertionError):
+                pass  # recorded in the history; analysis below reports the shrunk witness
+            except (KeyboardInterrupt, HistoryWriteError):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
+                if not _only_conformance(exc):
+                    writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
+                    break
         closer(lambda cause: writer.append("error", cause=cause))
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
     except EngineError as exc:
@@ -366,7 +438,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     history = builder.history
     if writer.write_error and writer.write_error not in history.errors:
         history.errors.append(writer.write_error)
-    analysis = analyse(history, names, known)
+    analysis = known_mod.apply(history, analyse(history, names, known))
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned,
                          first_failing=first_failing, closed=closer.closed)
     try:
