@@ -11,7 +11,7 @@ from attrs import define, field
 from conformance.checks import CHECKS, run_check
 from conformance.contract import UsageError
 from conformance.history import Example, History
-from conformance.verdicts import ERROR, EXIT_CODES, FAIL, PASS, CheckResult, Failure, combine, overall
+from conformance.verdicts import ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, CheckResult, Failure, combine, overall
 
 
 def select_checks(names: Iterable[str] | None) -> list[str]:

@@ -10,8 +10,8 @@ It is built from what the root-cause story (grouping, report_story) says about a
 - **mechanism**: what was in play. A check that names its mechanism (speculation, cache state, eviction,
   a hit covering the prompt, the pool after a rollback, another identity's KV) *is* the mechanism; for
   the checks that do not (parity, accounting) it is the reuse mechanisms the engine reported for the
-  failing request (cache hit, draft tokens, chunking or batching) and how the output was wrong (other
-  tokens, or the same tokens with another finish reason);
+  failing request (cache hit, draft tokens, chunking or batching) and, for parity, how the output was
+  wrong (other tokens, or the same tokens with another finish reason);
 - **title**: the failure record's title, digits folded away.
 
 The id is the first 12 hex digits of the SHA-256 of those three, so a reviewer reads the three and a
@@ -34,7 +34,7 @@ from conformance.history import Example, History
 # The checks whose claim is about one mechanism: a failure of theirs names it, whatever else was in play.
 OWN_MECHANISM = {"spec_independence": "speculation", "history_independence": "cache state",
                  "schedule_independence": "scheduling", "eviction_safety": "eviction", "prefix_only": "prefix hit",
-                 "rollback_hygiene": "pool after a batch", "isolation": "another identity's KV",
+                 "rollback_hygiene": "pool after a batch", "isolation": "cross-identity reuse",
                  "exercised": "coverage"}
 _NAMES = {"cache": "prefix hit", "spec": "speculation", "schedule": "chunking or batching"}
 _KINDS = {"diverge": "other tokens", "finish": "other finish reason"}
@@ -95,7 +95,7 @@ def mechanism(history: History, finding: Finding) -> str:
     if finding.check in OWN_MECHANISM:
         return OWN_MECHANISM[finding.check]
     active = sorted(_NAMES[m] for m in _focus_mechanisms(history, finding))
-    kind = _kind(finding)
+    kind = _kind(finding) if finding.check == "parity" else None  # accounting's titles say how it went wrong
     return ", ".join(active or ["plain decoding"]) + (f"; {kind}" if kind else "")
 
 
