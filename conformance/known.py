@@ -48,6 +48,12 @@ def load(path: str | Path) -> list[dict[str, str]]:
         data = read_json(path, "known-findings file")
     except OSError as exc:
         raise UsageError(f"cannot read known-findings file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"known-findings file {path} is not UTF-8 text: {exc.reason}") from None
+    except ValueError as exc:
+        if isinstance(exc, UsageError):
+            raise
+        raise UsageError(f"known-findings file {path} is not valid JSON: {exc}") from None
     return validate(data, str(path))
 
 

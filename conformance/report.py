@@ -285,6 +285,15 @@ def previous_results(run_dir: Path) -> dict[str, Any]:
     return {k: old[k] for k in CARRIED if isinstance(old, dict) and old.get(k) is not None}
 
 
+def print_fixed(analysis: Analysis) -> None:
+    """One line per known finding (`--known`) the run did not see."""
+    if analysis.known is not None:
+        for e in analysis.known.fixed:
+            print(f"FIXED known finding {e['signature']} [{e.get('check', '?')}] {e.get('title', '')}: not seen in "
+                  f"this run" + ("; --strict-known fails the run until it leaves the known-findings file"
+                                 if analysis.known.strict else ""))
+
+
 def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) -> None:
     """The console's view of a report: one line per check, the engine errors, and one line per finding
     (grouped by root, as in the report; per failure where the report has none) with its replay command."""
@@ -302,6 +311,7 @@ def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) 
         for f in analysis.failures:
             print(f"FAIL [{f.check}] {f.title} ({f.case_id}): "
                   f"{replay_command(run_dir / 'witnesses' / (f.case_id + '.json'), engine)}")
+        print_fixed(analysis)
         return
     for fd in findings:
         also = f"; also seen by {', '.join(fd['also_seen_by'])}" if fd.get("also_seen_by") else ""
@@ -310,11 +320,7 @@ def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) 
         print(f"{'KNOWN' if fd.get('known') else 'FAIL'} [{fd['check']}] {fd['title']} ({fd['case_id']}{also}{times}"
               f"{f'; signature {sig}' if sig else ''}): "
               f"{replay_command(run_dir / 'witnesses' / (fd['case_id'] + '.json'), engine)}")
-    if analysis.known is not None:
-        for e in analysis.known.fixed:
-            print(f"FIXED known finding {e['signature']} [{e.get('check', '?')}] {e.get('title', '')}: not seen in "
-                  f"this run" + ("; --strict-known fails the run until it leaves the known-findings file"
-                                 if analysis.known.strict else ""))
+    print_fixed(analysis)
 
 
 def write_report(run_dir: Path, history: History, analysis: Analysis, duration_s: float | None = None,
