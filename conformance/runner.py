@@ -224,14 +224,15 @@ class _Hunt:
     round's first new signature count against the budget (shrinking does not) — until a round finds
     nothing new or the budget is spent."""
 
-    def __init__(self, known: set[str]) -> None:
-        self.quiet = set(known)
+    def __init__(self, known: set[str], keep_looking: bool = True) -> None:
+        self.quiet, self.keep_looking = set(known), keep_looking
         self.found: list[str] = []
+        self.minimal: dict[str, Any] = {}  # signature -> the last scenario raised for it (the shrunk one)
         self.round, self.spent, self.started = -1, 0, 0
         self.first_new: int | None = None
 
     def decide(self, history: Any, example: Any, verdicts: Mapping[str, CheckResult], failures: list[Failure],
-               examples: int) -> None:
+               examples: int, scenario: Any) -> None:
         """Raise for an example with a signature not yet quiet; return for one whose every signature is."""
         sigs = example_signatures(history, example, verdicts)
         if not sigs:
@@ -243,6 +244,7 @@ class _Hunt:
             self.found.append(new[0])
             if self.first_new is None:
                 self.first_new = examples
+        self.minimal[new[0]] = scenario
         raise failure_type(new[0])(failures)
 
     def begin(self, examples: int) -> None:
@@ -254,11 +256,29 @@ class _Hunt:
         examples are left."""
         if self.round < 0:
             return True
-        if self.first_new is None:
+        if self.first_new is None or not self.keep_looking:
             return False
         self.spent += self.first_new - self.started
         self.quiet |= set(self.found)
         return self.spent < budget
+
+
+    def witnesses(self) -> list[Any]:
+        """The shrunk scenario of each signature found, to run once more after a run of several rounds:
+        a later round records examples failing with an earlier signature (it no longer stops on them),
+        and the analysis keeps the *last* failure of each check and title (Hypothesis replays the
+        shrunk example last), so each witness is run again, last."""
+        return [self.minimal[s] for s in self.found] if self.round > 0 else []
+
+    def rerun_witnesses(self, runner: ScenarioRunner, examples: int) -> int:
+        """Run `witnesses()` as the run's last examples; the example count after them."""
+        for scenario in self.witnesses():
+            try:
+                runner.run(scenario, examples)
+            except EngineError:
+                return examples + 1  # recorded as an `error` event
+            examples += 1
+        return examples
 
 
 class _EngineBroken(BaseException):
@@ -321,7 +341,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
               run_dir: str | os.PathLike[str] | None = None, calls: EngineCalls | None = None,
               tolerance: float | None = None, calibration: str | None = None,
               progress: Progress | None = None, close: bool = False,
-              known_findings: Sequence[Mapping[str, str]] | None = None, strict_known: bool = False) -> RunOutcome:
+              known_findings: Sequence[Mapping[str, str]] | None = None, strict_known: bool = False,
+              keep_looking: bool = True) -> RunOutcome:
     """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/` (or `run_dir`).
 
     Fail closed: an engine error, a history that cannot be written and a Ctrl-C all end the run with
@@ -334,7 +355,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
 
     `known_findings` (`--known`, conformance.known): failures with those signatures do not stop the run
     nor fail it; they are recorded and reported as known. Several bugs per run: each new signature
-    stops Hypothesis and is shrunk on its own (`_Hunt`), then the run looks on, with the examples left."""
+    stops Hypothesis and is shrunk on its own (`_Hunt`), then the run looks on, with the examples left
+    (`keep_looking=False`: the first round only, as before issue 33; the fault zoo measures that)."""
     from conformance.report import write_report
 
     names = select_checks(checks)
@@ -352,7 +374,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     examples = 0
     interrupted = False
     closer = _Closer(engine, calls, close)
-    hunt = _Hunt({e["signature"] for e in known_findings or ()})
+    hunt = _Hunt({e["signature"] for e in known_findings or ()}, keep_looking)
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         if tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
@@ -392,11 +414,12 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
             for f in failures:
                 first_failing.setdefault(f.check, example.index)
             if failures:
-                hunt.decide(builder.history, example, verdicts, failures, examples)
+                hunt.decide(builder.history, example, verdicts, failures, examples, scenario)
 
         budget = max_examples if max_examples is not None else base_settings.max_examples
         while hunt.more(examples, budget):
-            more = {} if hunt.round < 0 else {"database": None, "derandomize": False, "max_examples": budget - hunt.spent}
+            more = {} if hunt.round < 0 else {"database": None, "derandomize": False,
+                                              "max_examples": budget - hunt.spent}
             test = settings(base_settings, **{**overrides, **more})(
                 given(scenarios(caps, max_steps=PROFILES[profile]))(conformance_example))
             if more:  # a further round: the examples left, a seed of its own, no database replay
@@ -416,6 +439,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
                 if not _only_conformance(exc):
                     writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
                     break
+        else:  # not after an engine error: each shrunk witness last again (a report keeps the last failure)
+            examples = hunt.rerun_witnesses(runner, examples)
         closer(lambda cause: writer.append("error", cause=cause))
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
     except EngineError as exc:
