@@ -12,7 +12,8 @@ It is built from what the root-cause story (grouping, report_story) says about a
   the checks that do not (parity, accounting) it is the reuse mechanisms the engine reported for the
   failing request (cache hit, draft tokens, chunking or batching) and, for parity, how the output was
   wrong (other tokens, or the same tokens with another finish reason);
-- **title**: the failure record's title, digits folded away.
+- **title**: the failure record's title, digits folded away; for the checks whose every failure says
+  the output is wrong (parity and the independence checks), the check's own claim.
 
 The id is the first 12 hex digits of the SHA-256 of those three, so a reviewer reads the three and a
 tool compares the id.
@@ -27,6 +28,7 @@ from typing import Any, Mapping
 from attrs import frozen
 
 from conformance.analysis import Analysis
+from conformance.checks import CHECKS
 from conformance.checks.common import mechanisms
 from conformance.grouping import Finding, group
 from conformance.history import Example, History
@@ -99,8 +101,15 @@ def mechanism(history: History, finding: Finding) -> str:
     return ", ".join(active or ["plain decoding"]) + (f"; {kind}" if kind else "")
 
 
+# The checks whose every failure says "the output is not what it must be": the wording of the record
+# shown (pairwise, against plain decoding, or another check's record under this one) is the draw's, the
+# claim is the check's own.
+OUTPUT_CLAIMS = ("parity", "spec_independence", "history_independence", "schedule_independence", "eviction_safety")
+
+
 def signature(history: History, finding: Finding) -> Signature:
-    return Signature(finding.check, mechanism(history, finding), normalise(finding.title))
+    title = CHECKS[finding.check].title if finding.check in OUTPUT_CLAIMS else finding.title
+    return Signature(finding.check, mechanism(history, finding), normalise(title))
 
 
 def signed_findings(history: History, analysis: Analysis) -> list[tuple[Signature, Finding]]:
