@@ -33,7 +33,7 @@ from conformance.contract import Capabilities, Engine, EngineError, Introspectab
 from conformance.history import HistoryBuilder, HistoryWriteError, HistoryWriter, parse
 from conformance.oracle import Oracle
 from conformance.progress import Progress
-from conformance.signature import example_signatures
+from conformance.hunt import Hunt
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
 from conformance.verdicts import CheckResult, Failure
 
@@ -207,80 +207,6 @@ class ConformanceFailure(AssertionError):
         super().__init__("; ".join(f"[{f.check}] {f.title}" for f in failures[:5]))
 
 
-_FAILURE_TYPES: dict[str, type[ConformanceFailure]] = {}
-
-
-def failure_type(signature: str) -> type[ConformanceFailure]:
-    """One exception class per signature: Hypothesis tells bugs apart by exception type (and place), so
-    each signature is its own bug to it, shrunk on its own (`report_multiple_bugs`)."""
-    return _FAILURE_TYPES.setdefault(signature, type(f"ConformanceFailure_{signature}", (ConformanceFailure,), {}))
-
-
-class _Hunt:
-    """Which failures stop Hypothesis, and whether to look again. A failure whose signature is known
-    (`--known`) or was already found and shrunk (an earlier round) does not raise: the example is
-    recorded and the run goes on. A new signature raises its own exception type, so Hypothesis shrinks
-    it; then a further round looks for the next bug with the examples left — those run up to each
-    round's first new signature count against the budget (shrinking does not) — until a round finds
-    nothing new or the budget is spent."""
-
-    def __init__(self, known: set[str], keep_looking: bool = True) -> None:
-        self.quiet, self.keep_looking = set(known), keep_looking
-        self.found: list[str] = []
-        self.minimal: dict[str, Any] = {}  # signature -> the last scenario raised for it (the shrunk one)
-        self.round, self.spent, self.started = -1, 0, 0
-        self.first_new: int | None = None
-
-    def decide(self, history: Any, example: Any, verdicts: Mapping[str, CheckResult], failures: list[Failure],
-               examples: int, scenario: Any) -> None:
-        """Raise for an example with a signature not yet quiet; return for one whose every signature is."""
-        sigs = example_signatures(history, example, verdicts)
-        if not sigs:
-            raise ConformanceFailure(failures)  # nothing to sign (every failure is a finding: not expected)
-        new = [s for s in sigs if s not in self.quiet]
-        if not new:
-            return
-        if new[0] not in self.found:
-            self.found.append(new[0])
-            if self.first_new is None:
-                self.first_new = examples
-        self.minimal[new[0]] = scenario
-        raise failure_type(new[0])(failures)
-
-    def begin(self, examples: int) -> None:
-        self.round += 1
-        self.started, self.first_new = examples, None
-
-    def more(self, examples: int, budget: int) -> bool:
-        """Run (another) round? The first always; another when the last found a new signature and
-        examples are left."""
-        if self.round < 0:
-            return True
-        if self.first_new is None or not self.keep_looking:
-            return False
-        self.spent += self.first_new - self.started
-        self.quiet |= set(self.found)
-        return self.spent < budget
-
-
-    def witnesses(self) -> list[Any]:
-        """The shrunk scenario of each signature found, to run once more after a run of several rounds:
-        a later round records examples failing with an earlier signature (it no longer stops on them),
-        and the analysis keeps the *last* failure of each check and title (Hypothesis replays the
-        shrunk example last), so each witness is run again, last."""
-        return [self.minimal[s] for s in self.found] if self.round > 0 else []
-
-    def rerun_witnesses(self, runner: ScenarioRunner, examples: int) -> int:
-        """Run `witnesses()` as the run's last examples; the example count after them."""
-        for scenario in self.witnesses():
-            try:
-                runner.run(scenario, examples)
-            except EngineError:
-                return examples + 1  # recorded as an `error` event
-            examples += 1
-        return examples
-
-
 class _EngineBroken(BaseException):
     """Stops Hypothesis at once: an engine that crashed or hung is not worth shrinking against."""
 
@@ -355,7 +281,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
 
     `known_findings` (`--known`, conformance.known): failures with those signatures do not stop the run
     nor fail it; they are recorded and reported as known. Several bugs per run: each new signature
-    stops Hypothesis and is shrunk on its own (`_Hunt`), then the run looks on, with the examples left
+    stops Hypothesis and is shrunk on its own (conformance.hunt), then the run looks on, with the examples left
     (`keep_looking=False`: the first round only, as before issue 33; the fault zoo measures that)."""
     from conformance.report import write_report
 
@@ -374,7 +300,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     examples = 0
     interrupted = False
     closer = _Closer(engine, calls, close)
-    hunt = _Hunt({e["signature"] for e in known_findings or ()}, keep_looking)
+    hunt = Hunt({e["signature"] for e in known_findings or ()}, ConformanceFailure, keep_looking)
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         if tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
@@ -417,7 +343,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
                 hunt.decide(builder.history, example, verdicts, failures, examples, scenario)
 
         budget = max_examples if max_examples is not None else base_settings.max_examples
-        while hunt.more(examples, budget):
+        while hunt.more(budget):
             more = {} if hunt.round < 0 else {"database": None, "derandomize": False,
                                               "max_examples": budget - hunt.spent}
             test = settings(base_settings, **{**overrides, **more})(
