@@ -98,6 +98,7 @@ def _answer_for_dead_child(command: str, returncode: int, status: dict[str, Any]
 
 def _report_dead_run(run_dir: Path, cause: str) -> int:
     """Analyse what the dead run recorded and write its report, saying how the process ended."""
+    from conformance import known
     from conformance.analysis import analyse
     from conformance.history import NotAHistory, load
     from conformance.report import print_summary, write_report
@@ -108,7 +109,7 @@ def _report_dead_run(run_dir: Path, cause: str) -> int:
         print(f"ERROR: {cause}; its history cannot be read ({exc})", flush=True)
         return EXIT_ERROR
     history.errors.append(cause)
-    analysis = analyse(history, history.meta.get("checks") or None)
+    analysis = known.apply(history, analyse(history, history.meta.get("checks") or None))  # its --known, too
     try:
         write_report(run_dir, history, analysis, process=cause)
     except OSError as exc:
