@@ -20,7 +20,7 @@ strategies configure every example from that space, so speculation and chunked p
 (and the vacuity guard must ask for accepted drafts and chunked prefills) even when the defaults have
 them off.
 
-`fault=NAME` builds every engine of this adapter with one fault of the fault zoo planted
+`fault=NAME` (or `fault=A+B`, several at once) builds every engine of this adapter with that fault of the fault zoo planted
 (reference_engine/faults.py `build_engine`); without it the engine is built from the normal classes.
 """
 
@@ -39,7 +39,7 @@ from reference_engine.config import DRAFTER_NAMES, EngineConfig
 from reference_engine.engine import Engine
 from reference_engine.engine import Request as EngineRequest
 from reference_engine.errors import PoolExhaustedError, ReferenceEngineError, UnknownAdapterError
-from reference_engine.faults import FAULTS, build_engine
+from reference_engine.faults import build_engine, fault_names
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.sequence import Identity as EngineIdentity
 from reference_engine.weights import Weights
@@ -116,8 +116,11 @@ class ReferenceAdapter:
     def __init__(self, **knobs: Any) -> None:
         fault = knobs.pop("fault", None)
         self.fault = None if fault is None or str(fault).lower() in ("", "none", "off") else str(fault)
-        if self.fault is not None and self.fault not in FAULTS:
-            raise UsageError(f"fault={self.fault!r}: unknown fault; known: {', '.join(sorted(FAULTS))}")
+        if self.fault is not None:
+            try:
+                fault_names(self.fault)  # one fault, or several joined by "+"
+            except KeyError as exc:
+                raise UsageError(f"fault={self.fault!r}: {exc.args[0]}") from None
         self.defaults = {**DEFAULTS, **{k: str(v) for k, v in knobs.items()}}
         engine_config(self.defaults)  # validate now: bad engine arguments are a usage error
         self.registry = shared_registry()

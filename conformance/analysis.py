@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+import attrs
 from attrs import define, field
 
 from conformance.checks import CHECKS, run_check
 from conformance.contract import UsageError
 from conformance.history import Example, History
-from conformance.verdicts import ERROR, EXIT_CODES, FAIL, CheckResult, Failure, combine, overall
+from conformance.verdicts import ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, CheckResult, Failure, combine, overall
 
 
 def select_checks(names: Iterable[str] | None) -> list[str]:
@@ -38,10 +39,21 @@ class Analysis:
 
     checks: dict[str, CheckResult] = field(factory=dict)
     errors: list[str] = field(factory=list)
+    known: Any = None  # conformance.known.KnownOutcome where the run had a known-findings file
+
+    def status(self, name: str) -> str:
+        """A check's status for the verdict: a failure whose every record is a known finding waived by
+        `--known` (conformance.known) does not fail it."""
+        r = self.checks[name]
+        if r.status == FAIL and self.known is not None and all(f.case_id in self.known.waived for f in r.failures):
+            return PASS
+        return r.status
 
     @property
     def verdict(self) -> str:
-        v = overall(self.checks.values())
+        v = overall(attrs.evolve(r, status=self.status(n), failures=()) for n, r in self.checks.items())
+        if self.known is not None and self.known.fails_run and v in (PASS, INCONCLUSIVE):
+            v = FAIL  # `--strict-known`: a known finding that no longer occurs means the file is stale
         if self.errors and v != FAIL:
             return ERROR
         return v
@@ -59,9 +71,10 @@ class Analysis:
         return int(self.checks["parity"].stats.get("near_ties", 0)) if "parity" in self.checks else 0
 
     def to_json(self) -> dict[str, Any]:
+        known = {"known": self.known.to_json()} if self.known is not None else {}
         return {"verdict": self.verdict, "exit_code": self.exit_code, "errors": self.errors,
-                "near_ties": self.near_ties,
-                "checks": {name: {"status": r.status, "title": CHECKS[name].title, "severity": CHECKS[name].severity.value,
+                "near_ties": self.near_ties, **known,
+                "checks": {name: {"status": self.status(name), "title": CHECKS[name].title, "severity": CHECKS[name].severity.value,
                                   "bug_class": CHECKS[name].bug_class, "notes": list(r.notes), "stats": dict(r.stats),
                                   "failures": [f.to_json() for f in r.failures]}
                            for name, r in self.checks.items()}}

@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--minimise", action="store_true",
                      help="after the run, minimise one witness per failed check on fresh engines (<case>.min.json); "
                           "each replay builds an engine, so this is for engines that start fast")
+    run.add_argument("--known", default=None, metavar="FILE",
+                     help="known-findings file (`kvparity report RUN_DIR --write-known FILE`): failures with its "
+                          "signatures are reported as known and do not fail the run; the run goes on looking")
+    run.add_argument("--strict-known", action="store_true",
+                     help="with --known: a known finding this run did not see (fixed) fails the run")
 
     replay = sub.add_parser("replay", help="re-run a recorded failure: FIXED / FAILED / ERROR", formatter_class=fmt)
     replay.add_argument("case", help="path to a witness JSON file from a report's witnesses/ folder")
@@ -90,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", help="a run folder holding history.jsonl")
     report.add_argument("--checks", default="", help="comma-separated check names (empty: those the run chose; "
                                                      "fewer is said to be a narrowed check set)")
+    report.add_argument("--write-known", default=None, metavar="FILE",
+                        help="instead: write the run's findings as a known-findings file (for --known) to review "
+                             "and commit")
 
     sub.add_parser("engines", help="list the registered engine adapters", formatter_class=fmt)
     for name, target in plugin_commands().items():
@@ -193,12 +201,16 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     from conformance.progress import Progress
     from conformance.report import print_summary
     from conformance.registry import parse_engine_args, resolve
+    from conformance.known import load as load_known
     from conformance.runner import new_run_dir, profile_settings, run_suite
 
     engine_args = parse_engine_args(args.engine_arg)
     checks = select_checks([c for c in args.checks.split(",") if c.strip()])
     profile_settings(args.profile)
     calibration = numerics.load_calibration(args.calibration) if args.calibration else None
+    known = load_known(args.known) if args.known else None
+    if args.strict_known and known is None:
+        raise UsageError("--strict-known needs --known FILE")
     report_dir = writable_folder(args.report_dir, "--report-dir")
     resolve(args.engine)  # an unknown engine is a usage error before anything is built
     engine = build_engine(args.engine, engine_args, args.timeout)
@@ -213,7 +225,8 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
                         timeout_s=args.timeout, shrink=not args.no_shrink,
                         tolerance=calibration.tau if calibration else None,
                         calibration=calibration.path if calibration else None,
-                        progress=None if args.quiet else Progress(), close=True)
+                        progress=None if args.quiet else Progress(), close=True, known_findings=known,
+                        strict_known=args.strict_known)
     # The engine is closed (a failing close is an error event of the history) before the report is
     # written, so the exit code, every report file and `kvparity report` tell one verdict.
     session.hard_exit = outcome.abandoned or outcome.interrupted
@@ -388,8 +401,10 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from conformance.reanalysis import reanalyse
+    from conformance.reanalysis import reanalyse, write_known
 
+    if args.write_known:
+        return write_known(Path(args.run_dir), Path(args.write_known))
     return reanalyse(Path(args.run_dir), [c for c in args.checks.split(",") if c.strip()])
 
 

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from conformance import known
 from conformance.analysis import Analysis, analyse
 from conformance.contract import UsageError
 from conformance.history import History, NotAHistory, parse, read_events
@@ -101,7 +102,7 @@ def reanalyse(run_dir: Path, asked: Sequence[str] = ()) -> int:
 
     history, integrity = read_verified(run_dir)
     refuse_unmatched(run_dir, history)
-    analysis = analyse(history, list(asked) or history.meta.get("checks") or None)
+    analysis = known.apply(history, analyse(history, list(asked) or history.meta.get("checks") or None))
     chosen = list(analysis.checks)
     left_out = [c for c in run_checks(history) if c not in chosen]
     first = not asked and not os.path.lexists(run_dir / "results.json")
@@ -111,8 +112,8 @@ def reanalyse(run_dir: Path, asked: Sequence[str] = ()) -> int:
                   if left_out else "") + f"; {integrity.line()}")
     _write(run_dir, subfolder, history, analysis,
            {"checks": chosen, "narrowed": left_out, "integrity": integrity.status, "summary": summary})
-    for name, r in analysis.checks.items():
-        print(f"{name:22s} {r.status}")
+    for name in analysis.checks:
+        print(f"{name:22s} {analysis.status(name)}")
     for e in analysis.errors:
         print(f"ERROR: {e}")
     if integrity.status != VERIFIED:
@@ -124,3 +125,30 @@ def reanalyse(run_dir: Path, asked: Sequence[str] = ()) -> int:
     print(f"{analysis.verdict.upper()}: re-analysed {len(history.examples)} examples from "
           f"{history_in(run_dir)}{told}")
     return analysis.exit_code
+
+
+def write_known(run_dir: Path, path: Path) -> int:
+    """`kvparity report RUN_DIR --write-known FILE`: the run's findings as a known-findings file, one entry
+    per signature (the upstream link and note of an entry the run already knew are kept; a known
+    finding the run did not see — fixed — is left out), for a person to review and commit."""
+    from conformance.signature import signed_findings
+
+    history, _ = read_verified(run_dir)
+    refuse_unmatched(run_dir, history)
+    analysis = analyse(history, history.meta.get("checks") or None)
+    had = {e["signature"]: e for e in (known.recorded(history) or ([], False))[0]}
+    entries: dict[str, dict[str, str]] = {}
+    for sig, fd in signed_findings(history, analysis):
+        if sig.id not in entries:
+            note = f"seen in {run_dir.name}, example {fd.failure.example} ({fd.failure.case_id})"
+            old = had.get(sig.id, {})
+            entries[sig.id] = known.entry(sig, old.get("upstream", ""), old.get("note", note))
+    try:
+        path.write_text(known.file_text(entries.values()), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write known-findings file {path}: {exc.strerror or exc}") from None
+    for e in entries.values():
+        print(f"{e['signature']} [{e['check']}] {e['title']} ({e['mechanism']})")
+    print(f"wrote {len(entries)} known finding(s) to {path}: review it (add upstream links), commit it, and pass "
+          f"it to `kvparity run --known {path}`")
+    return 0

@@ -26,6 +26,7 @@ from conformance.report_doc import Block, Bullets, Cell, Figure, Heading, Para, 
 from conformance.report_story import blocks as story_blocks
 from conformance.report_story import decode_texts, story, text_key
 from conformance.run_folder import write_text
+from conformance.signature import signature
 from conformance.untrusted import read_json
 from conformance.verdicts import Failure
 
@@ -77,11 +78,16 @@ def replay_command(path: Path, engine: str | None = None) -> str:
 CARRIED = ("duration_s", "minimised", "process", "decoded")
 
 
-def findings_json(history: History, findings: list[Finding], witnesses: Mapping[str, Path]) -> list[dict]:
-    """The grouped findings, each with its story (timeline, divergence, reuse) and replay command."""
+def findings_json(history: History, findings: list[Finding], witnesses: Mapping[str, Path],
+                  known: Any = None) -> list[dict]:
+    """The grouped findings, each with its signature (conformance.signature), whether `--known` waived it,
+    its story (timeline, divergence, reuse) and replay command."""
     out = []
     for fd in findings:
         d = fd.to_json()
+        sig = signature(history, fd)
+        d["signature"] = sig.to_json()
+        d["known"] = known is not None and sig.id in known.seen
         d["story"] = story(history, fd)
         d["explanation"] = fd.failure.explanation
         d["record_check"] = fd.failure.check
@@ -109,7 +115,7 @@ def results_json(history: History, analysis: Analysis, witnesses: Mapping[str, P
     duration = history.duration_s if history.duration_s is not None else duration_s
     if duration is None:
         duration = carried.get("duration_s")
-    findings = findings_json(history, group(history, analysis), witnesses)
+    findings = findings_json(history, group(history, analysis), witnesses, analysis.known)
     decoded = {**dict(carried.get("decoded") or {}), **decode_texts([f["story"] for f in findings], decode)}
     return {"run": meta, "examples": len(history.examples), "history_digest": history.digest,
             "duration_s": None if duration is None else round(float(duration), 2),
@@ -136,10 +142,12 @@ def _head(results: Mapping[str, Any]) -> list[Block]:
         out.append(Para(f"**Re-analysed from the stored history** (`kvparity report`): "
                         f"{results['reanalysis']['summary']}."))
     n_find = len(results.get("findings", []))
+    n_known = sum(bool(fd.get("known")) for fd in results.get("findings", []))
     missing = [s["name"] for s in results.get("situations", []) if s["relevant"] and not s["count"]]
     out.append(Para(f"verdict **{results['verdict'].upper()}** (exit {results['exit_code']}), profile "
                     f"`{run.get('profile')}`, seed `{run.get('seed')}`, {results['examples']} examples in {duration}, "
                     f"near-ties {results['near_ties']}, findings {n_find}"
+                    + (f" ({n_known} known)" if n_known else "")
                     + (f", relevant situations not reached: {', '.join(f'`{m}`' for m in missing)}" if missing else "")))
     args = run.get("engine_args") or {}
     if args:
@@ -169,12 +177,17 @@ def _checks(results: Mapping[str, Any]) -> list[Block]:
 
 def _finding(k: int, fd: Mapping[str, Any], texts: Mapping[str, str], records: Mapping[str, Mapping]) -> Block:
     times = f" (×{fd['count']}: identical findings folded)" if fd.get("count", 1) > 1 else ""
+    known = "KNOWN: " if fd.get("known") else ""
+    sig = fd.get("signature") or {}
     blocks: list[Block] = [
-        Heading(3, f"{k}. [{fd['check']}] {fd['title']} — `{fd['case_id']}`{times}", anchor=f"finding-{k}"),
+        Heading(3, f"{k}. {known}[{fd['check']}] {fd['title']} — `{fd['case_id']}`{times}", anchor=f"finding-{k}"),
         Para(f"severity **{fd['severity']}**, bug class **{fd['bug_class']}**, example {fd['example']}"
              + (f"; also seen by {', '.join(f'`{c}`' for c in fd['also_seen_by'])}" if fd["also_seen_by"] else "")),
         Para(("" if fd.get("record_check", fd["check"]) == fd["check"] else f"`{fd['record_check']}` recorded: ")
              + fd["explanation"])]
+    if sig:
+        blocks.append(Para(f"signature `{sig['signature']}`: check `{sig['check']}`, mechanism {sig['mechanism']}"
+                           + (" — a known finding (`--known`): recorded, not failing the run" if known else "")))
     if fd.get("reasons"):
         blocks.append(Bullets(fd["reasons"]))
     blocks += story_blocks(fd["story"], texts, fd["check"], fd["witness"])
@@ -202,11 +215,30 @@ def report_blocks(results: Mapping[str, Any]) -> list[Block]:
         texts = results.get("decoded") or {}
         records = {f["case_id"]: f for c in results["checks"].values() for f in c["failures"]}
         out += [_finding(k, fd, texts, records) for k, fd in enumerate(findings, start=1)]
+    out += known_blocks(results)
     out += coverage_blocks(results)
     if results["minimised"]:
         out += [Heading(2, "Minimised witnesses (`--minimise`)"),
                 Bullets([f"`{check}`: {line}" for check, line in results["minimised"].items()])]
     return out
+
+
+def known_blocks(results: Mapping[str, Any]) -> list[Block]:
+    """The run's known-findings file, entry by entry: seen (how often) or fixed."""
+    known = results.get("known")
+    if not known:
+        return []
+    rows = []
+    for e in known["entries"]:
+        n = known["seen"].get(e["signature"], 0)
+        state = Cell(f"seen ×{n}", "") if n else Cell("FIXED: not seen" + (" (fails the run: --strict-known)"
+                                                                        if known["strict"] else ""), "good")
+        rows.append([f"`{e['signature']}`", state, e.get("check", ""), e.get("title", ""), e.get("upstream", ""),
+                     e.get("note", "")])
+    return [Heading(2, "Known findings (`--known`)"),
+            Para("Failures with these signatures are recorded and shown, and do not fail the run; one not seen "
+                 "is reported as fixed."),
+            Table(["signature", "this run", "check", "title", "upstream", "note"], rows)]
 
 
 def report_md(results: Mapping[str, Any]) -> str:
@@ -253,11 +285,22 @@ def previous_results(run_dir: Path) -> dict[str, Any]:
     return {k: old[k] for k in CARRIED if isinstance(old, dict) and old.get(k) is not None}
 
 
+def print_fixed(analysis: Analysis) -> None:
+    """One line per known finding (`--known`) the run did not see."""
+    if analysis.known is not None:
+        for e in analysis.known.fixed:
+            print(f"FIXED known finding {e['signature']} [{e.get('check', '?')}] {e.get('title', '')}: not seen in "
+                  f"this run" + ("; --strict-known fails the run until it leaves the known-findings file"
+                                 if analysis.known.strict else ""))
+
+
 def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) -> None:
     """The console's view of a report: one line per check, the engine errors, and one line per finding
     (grouped by root, as in the report; per failure where the report has none) with its replay command."""
     for name, r in analysis.checks.items():
-        print(f"{name:22s} {r.status}" + (f"  ({r.notes[0]})" if r.notes and r.status != "pass" else ""))
+        status = analysis.status(name)  # a check failing only on known findings (`--known`) passes
+        print(f"{name:22s} {status}" + (f"  ({r.notes[0]})" if r.notes and status != "pass" else "")
+              + ("  (known findings only)" if status != r.status else ""))
     for e in analysis.errors:
         print(f"ERROR: {e}")
     try:
@@ -268,12 +311,16 @@ def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) 
         for f in analysis.failures:
             print(f"FAIL [{f.check}] {f.title} ({f.case_id}): "
                   f"{replay_command(run_dir / 'witnesses' / (f.case_id + '.json'), engine)}")
+        print_fixed(analysis)
         return
     for fd in findings:
         also = f"; also seen by {', '.join(fd['also_seen_by'])}" if fd.get("also_seen_by") else ""
         times = f"; x{fd['count']}" if fd.get("count", 1) > 1 else ""
-        print(f"FAIL [{fd['check']}] {fd['title']} ({fd['case_id']}{also}{times}): "
+        sig = (fd.get("signature") or {}).get("signature")
+        print(f"{'KNOWN' if fd.get('known') else 'FAIL'} [{fd['check']}] {fd['title']} ({fd['case_id']}{also}{times}"
+              f"{f'; signature {sig}' if sig else ''}): "
               f"{replay_command(run_dir / 'witnesses' / (fd['case_id'] + '.json'), engine)}")
+    print_fixed(analysis)
 
 
 def write_report(run_dir: Path, history: History, analysis: Analysis, duration_s: float | None = None,

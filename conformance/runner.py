@@ -24,16 +24,18 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from conformance import known as known_mod
 from conformance import stopping, validation
-from conformance.exit_codes import ExitCode
 from conformance.analysis import Analysis, analyse, example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls, one_line
 from conformance.checks import CHECKS
+from conformance.exit_codes import ExitCode
 from conformance.completion import MarkedScenario, complete
 from conformance.contract import Capabilities, Engine, EngineError, Introspectable, Request, Result, UsageError
 from conformance.history import HistoryBuilder, HistoryWriteError, HistoryWriter, parse
 from conformance.oracle import Oracle
 from conformance.progress import Progress
+from conformance.hunt import Hunt
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
 from conformance.verdicts import CheckResult, Failure
 
@@ -86,6 +88,7 @@ class ScenarioRunner:
         self.calls = calls or EngineCalls(timeout_s)
         self.introspect = caps.introspection and isinstance(engine, Introspectable)
         self.resolved: dict[str, tuple[Request, Result]] = {}
+        self.on_run: Callable[[Sequence[Step]], None] = lambda steps: None  # told each scenario it runs
 
     def run(self, steps: Sequence[Step], example: int) -> None:
         """Run one scenario from a cold cache. Raises EngineError after recording an `error` event.
@@ -93,6 +96,7 @@ class ScenarioRunner:
         between examples stops the run here (not in the stream's test function, whose source seeds the
         derandomised stream: an added line there draws another CI stream)."""
         stopping.check()
+        self.on_run(steps)
         self.begin(example, **(steps.marks if isinstance(steps, MarkedScenario) else {}))
         for step in steps:
             self.step(step)
@@ -211,6 +215,9 @@ class ConformanceFailure(AssertionError):
         super().__init__("; ".join(f"[{f.check}] {f.title}" for f in failures[:5]))
 
 
+_STREAM_FAILURE = ConformanceFailure  # run_suite's stream test calls the hunt's under this name
+
+
 class _EngineBroken(BaseException):
     """Stops Hypothesis at once: an engine that crashed or hung is not worth shrinking against."""
 
@@ -271,7 +278,9 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
               database_dir: str | os.PathLike[str] | None = None, shrink: bool = True,
               run_dir: str | os.PathLike[str] | None = None, calls: EngineCalls | None = None,
               tolerance: float | None = None, calibration: str | None = None,
-              progress: Progress | None = None, close: bool = False) -> RunOutcome:
+              progress: Progress | None = None, close: bool = False,
+              known_findings: Sequence[Mapping[str, str]] | None = None, strict_known: bool = False,
+              keep_looking: bool = True) -> RunOutcome:
     """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/` (or `run_dir`).
 
     Fail closed: an engine error, a history that cannot be written and a Ctrl-C all end the run with
@@ -280,7 +289,12 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
 
     `close`: close the engine as the run's last engine call, before `run_end` and the report, so a close
     that raises or hangs is an `error` event of the history and every report file says so (`kvparity
-    run`); a run the user interrupted is not closed here (its caller closes it after the report)."""
+    run`); a run the user interrupted is not closed here (its caller closes it after the report).
+
+    `known_findings` (`--known`, conformance.known): failures with those signatures do not stop the run
+    nor fail it; they are recorded and reported as known. Several bugs per run: each new signature
+    stops Hypothesis and is shrunk on its own (conformance.hunt), then the run looks on, with the examples left
+    (`keep_looking=False`: the first round only, as before issue 33; the fault zoo measures that)."""
     from conformance.report import write_report
 
     names = select_checks(checks)
@@ -298,12 +312,15 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     examples = 0
     interrupted, stop_code = False, ExitCode.INTERRUPTED
     closer = _Closer(engine, calls, close)
+    hunt = Hunt({e["signature"] for e in known_findings or ()}, _STREAM_FAILURE, keep_looking)
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         if tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
             caps = attrs.evolve(caps, tolerance=tolerance)
         writer.append("run_start", engine=engine_name, engine_args=dict(engine_args or {}), capabilities=caps,
-                      versions=versions(caps), seed=seed, profile=profile, checks=names, calibration=calibration)
+                      versions=versions(caps), seed=seed, profile=profile, checks=names, calibration=calibration,
+                      **({} if known_findings is None else {"known": [dict(e) for e in known_findings],
+                                                           "strict_known": strict_known}))
         oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
         runner = ScenarioRunner(engine, writer, oracle, caps, calls=calls)
         db = DirectoryBasedExampleDatabase(str(Path(database_dir or ".hypothesis") / "kvparity" /
@@ -320,7 +337,13 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
 
         # The stream's test. Its source is what a derandomised profile (ci) seeds its stream from
         # (Hypothesis hashes the test function): an edit here changes every CI stream, so coverage
-        # completion reuses it as it is (`inner_test`) and marks its examples through the scenario.
+        # completion reuses it as it is (`inner_test`) and marks its examples through the scenario, and
+        # the hunt for several bugs (conformance.hunt) enters through the two names the test calls:
+        # `failures_of` leaves out failures whose signature is known or already shrunk (the run goes
+        # on), `ConformanceFailure` raises one exception type per new signature (shrunk on its own).
+        failures_of, ConformanceFailure = hunt.failures_of, hunt.failure_for  # noqa: N806
+        runner.on_run = hunt.note_scenario
+
         @settings(base_settings, **overrides)
         @given(scenarios(caps, max_steps=PROFILES[profile]))
         def conformance_example(scenario: tuple[Step, ...]) -> None:
@@ -342,12 +365,25 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
             if failures:
                 raise ConformanceFailure(failures)
 
-        test = hypothesis_seed(seed)(conformance_example) if seed is not None else conformance_example
-        _run_phase(test, writer)
-        if not first_failing and not builder.history.errors:  # a failing or broken run needs no more
+        budget = max_examples if max_examples is not None else base_settings.max_examples
+        broken = False
+        while not broken and hunt.more(budget):
+            test = conformance_example
+            if hunt.round >= 0:  # a further round: the examples left, a seed of its own, no database replay
+                more = {"database": None, "derandomize": False, "max_examples": budget - hunt.spent}
+                test = settings(base_settings, **{**overrides, **more})(
+                    given(scenarios(caps, max_steps=PROFILES[profile]))(conformance_example.hypothesis.inner_test))
+                test = hypothesis_seed((seed or 0) * 1000 + hunt.round + 1)(test)
+            elif seed is not None:
+                test = hypothesis_seed(seed)(test)
+            hunt.begin(examples, builder.history)
+            broken = not _run_phase(test, writer)
+        if not broken and not first_failing and not builder.history.errors:  # nothing new failed: completion
             complete(builder.history, conformance_example.hypothesis.inner_test,
                      lambda test: _run_phase(test, writer), writer,
                      settings(base_settings, **overrides), seed)
+        if not broken:  # each shrunk witness last again (a report keeps the last failure of a check)
+            examples = hunt.rerun_witnesses(runner, examples)
         stopping.check()  # stopped before the run ended: INTERRUPTED, not a finished run
         closer(lambda cause: writer.append("error", cause=cause))
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
@@ -371,7 +407,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     history = builder.history
     if writer.write_error and writer.write_error not in history.errors:
         history.errors.append(writer.write_error)
-    analysis = analyse(history, names, known)
+    analysis = known_mod.apply(history, analyse(history, names, known))
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned,
                          first_failing=first_failing, closed=closer.closed, stop_code=stop_code)
     try:
@@ -405,14 +441,15 @@ class _Closer:
             record(one_line(exc))
 
 
-def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> None:
-    """Run a Hypothesis test of the run (the stream, or the completion after it). A failure is already
-    in the history (the analysis reports its shrunk witness), an engine error too; anything else
-    Hypothesis raises is recorded as an error. Ctrl-C and a history that cannot be written go on up."""
+def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> bool:
+    """Run a Hypothesis test of the run (a round of the stream, or the completion after it). A failure is
+    already in the history (the analysis reports its shrunk witness), an engine error too; anything else
+    Hypothesis raises is recorded as an error. Ctrl-C and a history that cannot be written go on up.
+    False when the engine broke or an error was recorded: no further round then."""
     try:
         test()
     except _EngineBroken:
-        pass  # already recorded as an `error` event
+        return False  # already recorded as an `error` event
     except (ConformanceFailure, AssertionError):
         pass  # recorded in the history; analysis below reports the shrunk witness
     except (KeyboardInterrupt, HistoryWriteError):
@@ -420,6 +457,8 @@ def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> None:
     except BaseException as exc:  # noqa: BLE001 - ExceptionGroup of failures, Flaky, health checks
         if not _only_conformance(exc):
             writer.append("error", cause=f"{type(exc).__name__}: {one_line(exc)}")
+            return False
+    return True
 
 
 def _record_quietly(writer: HistoryWriter, event: str, **fields: Any) -> None:

@@ -209,6 +209,7 @@ def _answer_for_dead_child(command: str, returncode: int, status: dict[str, Any]
 def _report_dead_run(run_dir: Path, cause: str, stopped: str | None = None) -> int:
     """Analyse what the dead run recorded and write its report, saying how the process ended (and, for
     a run stopped by a signal, that it was interrupted: the report then says INTERRUPTED)."""
+    from conformance import known
     from conformance.analysis import analyse
     from conformance.history import NotAHistory, load
     from conformance.report import print_summary, write_report
@@ -221,7 +222,7 @@ def _report_dead_run(run_dir: Path, cause: str, stopped: str | None = None) -> i
     history.errors.append(cause)
     if stopped is not None and history.interrupted is None:
         history.interrupted = stopped
-    analysis = analyse(history, history.meta.get("checks") or None)
+    analysis = known.apply(history, analyse(history, history.meta.get("checks") or None))  # its --known, too
     try:
         write_report(run_dir, history, analysis, process=cause)
     except OSError as exc:

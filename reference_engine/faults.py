@@ -103,15 +103,38 @@ def fault(name: str, bug_class: str, method: str, summary: str, mechanism: str, 
     return deco
 
 
+def fault_names(fault: str) -> list[str]:
+    """The faults of `fault`: one name, or several joined by "+" (`salt_ignored+provisional_blocks_leaked`),
+    so one engine can carry two known bugs at once (a run must report each as its own finding)."""
+    names = [n.strip() for n in fault.split("+")]
+    for name in names:
+        if name not in FAULTS:
+            raise KeyError(f"unknown fault {name!r}; known: {', '.join(sorted(FAULTS))}")
+    if len(set(names)) != len(names):
+        raise KeyError(f"fault {fault!r} names a fault twice")
+    return names
+
+
+def _combined(classes: list[type]) -> type:
+    """One class carrying every override of `classes` (subclasses of one component): their MRO chains the
+    overridden methods through `super()`, so two faults of one component are both planted."""
+    if len(classes) == 1:
+        return classes[0]
+    return type("+".join(c.__name__ for c in classes), tuple(classes), {})
+
+
 def build_engine(config: EngineConfig | None = None, registry: ModelRegistry | None = None,
                  fault: str | None = None) -> Engine:
-    """An engine with fault `fault` planted (None: the normal engine, built from the normal classes).
-    A cache fault on an engine without a prefix cache lies dormant."""
+    """An engine with fault `fault` planted (None: the normal engine, built from the normal classes);
+    `a+b` plants both. A cache fault on an engine without a prefix cache lies dormant."""
     if fault is None:
         return Engine(config, registry)
-    if fault not in FAULTS:
-        raise KeyError(f"unknown fault {fault!r}; known: {', '.join(sorted(FAULTS))}")
-    classes = FAULTS[fault].classes()
+    by_component: dict[str, list[type]] = defaultdict(list)
+    for name in fault_names(fault):
+        for component, cls in FAULTS[name].classes().items():
+            if cls not in by_component[component]:
+                by_component[component].append(cls)
+    classes = {component: _combined(clss) for component, clss in by_component.items()}
     engine_cls = classes.pop("engine", Engine)
     return engine_cls(config, registry, Parts(**classes))
 

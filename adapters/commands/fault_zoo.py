@@ -197,7 +197,8 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
         out = run_suite(engine, engine_name=f"reference-{fault or 'control'}",
                         engine_args={"fault": fault or "none"}, profile=profile,
                         report_dir=report_dir or Path(db) / "reports", max_examples=max_examples,
-                        database_dir=db, shrink=shrink, seed=seed)
+                        database_dir=db, shrink=shrink, seed=seed,
+                        keep_looking=False)  # examples and time to the first failure, as measured
         history = load(out.run_dir / "history.jsonl")
     names = select_checks(None)
     failing = list(failing_examples(history, names))

@@ -1,0 +1,177 @@
+"""Keep looking (issue 33): a finding has a signature, known findings are waived by signature and
+reported as fixed when they stop occurring, and one run reports several bugs, each with its witness.
+
+Real engine: the reference engine with zoo faults planted (`fault=a+b` plants two). Two faults caught
+early by different checks: `cached_overreported` (prefix_only, from the first example) and
+`rejected_draft_committed` (spec_independence / parity, by the third; reports/fault-zoo.md). Runs are
+short (`--no-shrink`, 20 examples): the shrunk case is measured in the branch's report, not here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance import known
+from conformance.cli import main
+from conformance.contract import UsageError
+from conformance.runner import run_suite
+from conformance.signature import Signature, normalise
+from reference_engine.config import EngineConfig
+from reference_engine.faults import FAULTS, build_engine
+
+TWO = "cached_overreported+rejected_draft_committed"
+CHECKS = "parity,prefix_only,spec_independence"
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Keep the Hypothesis example database (.hypothesis/) out of the repository."""
+    monkeypatch.chdir(tmp_path)
+
+
+def run(tmp_path: Path, fault: str, *args: str, seed: str = "0", checks: str = CHECKS) -> tuple[int, dict]:
+    """One `kvparity run` in-process; its exit code and results.json."""
+    out = tmp_path / f"runs-{len(list(tmp_path.glob('runs-*')))}"
+    code = main(["run", "--engine", "reference", "--engine-arg", f"fault={fault}", "--report-dir", str(out),
+                 "--seed", seed, "--max-examples", "20", "--no-shrink", "-q", "--checks", checks, *args])
+    (run_dir,) = out.glob("*/*")
+    return code, json.loads((run_dir / "results.json").read_text()) | {"dir": str(run_dir)}
+
+
+def signatures(results: dict) -> dict[str, str]:
+    """signature id -> the check its finding is listed under."""
+    return {fd["signature"]["signature"]: fd["check"] for fd in results["findings"]}
+
+
+# --------------------------------------------------------------------------- two faults at once
+
+
+def test_two_faults_are_planted_together():
+    engine = build_engine(EngineConfig(), fault=TWO)
+    assert isinstance(engine, FAULTS["rejected_draft_committed"].cls)
+    assert isinstance(engine.scheduler, FAULTS["cached_overreported"].cls)
+    same = build_engine(EngineConfig(), fault="salt_ignored+revision_ignored")  # one component, both overrides
+    assert isinstance(same.cache, FAULTS["salt_ignored"].cls) and isinstance(same.cache, FAULTS["revision_ignored"].cls)
+    with pytest.raises(KeyError, match="unknown fault 'nope'"):
+        build_engine(EngineConfig(), fault="salt_ignored+nope")
+
+
+def test_adapter_refuses_an_unknown_fault_of_a_pair():
+    from adapters.reference import ReferenceAdapter
+
+    with pytest.raises(UsageError, match="unknown fault 'nope'"):
+        ReferenceAdapter(fault="cached_overreported+nope")
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def test_signature_holds_no_run_specific_numbers():
+    assert normalise("output differs from plain decoding when speculation is in play") == \
+        "output depends on speculation"  # one claim, one wording, whichever comparison caught it
+    assert normalise("pool  not back to base after 3 batches") == "pool not back to base after N batches"
+    sig = Signature("parity", "speculation; other tokens", "output differs from plain greedy decoding")
+    assert len(sig.id) == 12 and sig.id == Signature(sig.check, sig.mechanism, sig.title).id
+    assert sig.id != Signature("parity", "prefix hit; other tokens", sig.title).id
+
+
+def test_the_same_bug_from_two_seeds_has_one_signature(tmp_path):
+    """Two seeds draw different streams and different witnesses of the speculation bug; its signature
+    (check, mechanism, title) is the same."""
+    found = [signatures(run(tmp_path, "rejected_draft_committed", seed=s, checks="spec_independence")[1])
+             for s in ("0", "1")]
+    assert found[0] and found[0] == found[1]
+    assert set(found[0].values()) == {"spec_independence"} and len(found[0]) == 1
+
+
+# --------------------------------------------------------------------------- several bugs per run
+
+
+def test_two_planted_faults_give_two_findings_with_two_witnesses(tmp_path):
+    code, results = run(tmp_path, TWO)
+    assert code == 1
+    by_check: dict[str, dict] = {}
+    for fd in results["findings"]:
+        by_check.setdefault(fd["check"], fd)
+    assert {"prefix_only", "spec_independence"} <= set(by_check)  # one finding per bug, each under its own check
+    sigs = {by_check[c]["signature"]["signature"] for c in ("prefix_only", "spec_independence")}
+    assert len(sigs) == 2
+    for c in ("prefix_only", "spec_independence"):
+        fd = by_check[c]
+        witness = Path(fd["replay"].split()[2])
+        assert witness.is_file() and json.loads(witness.read_text())["steps"]  # its own witness, replayable
+    # the run went on after its first failure (prefix_only fails from the first examples) to the end of
+    # its examples (--no-shrink used to stop at the first failing example)
+    assert results["examples"] >= 20
+
+
+# --------------------------------------------------------------------------- known findings
+
+
+def test_known_findings_are_waived_recorded_and_reported_fixed(tmp_path, capsys):
+    code, first = run(tmp_path, "cached_overreported", checks="prefix_only")
+    assert code == 1
+    baseline = tmp_path / "known.json"
+    assert main(["report", first["dir"], "--write-known", str(baseline)]) == 0
+    entries = known.load(baseline)
+    assert [e["check"] for e in entries] == ["prefix_only"] and entries[0]["signature"] in signatures(first)
+
+    # the known bug alone: recorded and shown as known, the run passes
+    code, again = run(tmp_path, "cached_overreported", "--known", str(baseline), checks="prefix_only", seed="1")
+    assert code == 0 and again["verdict"] == "pass"
+    assert again["findings"] and all(fd["known"] for fd in again["findings"])
+    assert again["known"]["seen"] == {entries[0]["signature"]: len(again["findings"])}
+    assert "KNOWN [prefix_only]" in capsys.readouterr().out
+    assert "KNOWN: [prefix_only]" in (Path(again["dir"]) / "report.md").read_text()
+    # re-analysis re-judges with the baseline the run recorded: the same verdict
+    assert main(["report", again["dir"]]) == 0
+
+    # a new bug beside the known one still fails the run, and is found although the known one occurs first
+    code, both = run(tmp_path, TWO, "--known", str(baseline))
+    assert code == 1
+    unknown = {fd["check"] for fd in both["findings"] if not fd["known"]}
+    assert "spec_independence" in unknown and "prefix_only" not in unknown
+
+    # the known bug fixed: reported as fixed; --strict-known fails the run so the file is kept current
+    capsys.readouterr()
+    code, fixed = run(tmp_path, "none", "--known", str(baseline), checks="prefix_only")
+    assert code == 0 and [e["signature"] for e in fixed["known"]["fixed"]] == [entries[0]["signature"]]
+    assert f"FIXED known finding {entries[0]['signature']}" in capsys.readouterr().out
+    code, strict = run(tmp_path, "none", "--known", str(baseline), "--strict-known", checks="prefix_only")
+    assert code == 1 and strict["verdict"] == "fail"
+    assert "FIXED: not seen" in (Path(strict["dir"]) / "report.md").read_text()
+
+
+@pytest.mark.parametrize("text, says", [
+    ("not json", "not valid JSON"),
+    ('{"findings": []}', "not a kvparity known-findings file"),
+    ('{"kvparity_known": 1, "findings": [{"signature": "XYZ"}]}', "has no signature"),
+    ('{"kvparity_known": 1, "findings": [{"signature": "0123456789ab", "evil": 1}]}', "field 'evil'"),
+])
+def test_a_bad_known_file_is_refused_in_one_line(tmp_path, capsys, text, says):
+    bad = tmp_path / "known.json"
+    bad.write_text(text)
+    code = main(["run", "--engine", "reference", "--known", str(bad), "--report-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 3 and len(err.strip().splitlines()) == 1
+    assert says in err
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("history.jsonl"))
+
+
+def test_strict_known_needs_known(tmp_path, capsys):
+    assert main(["run", "--engine", "reference", "--strict-known", "--report-dir", str(tmp_path / "r")]) == 3
+    assert "--strict-known needs --known" in capsys.readouterr().err
+
+
+def test_run_suite_records_known_in_the_history(tmp_path):
+    from adapters.reference import ReferenceAdapter
+
+    entry = {"signature": "0123456789ab", "check": "parity", "upstream": "https://example.invalid/1", "note": "n"}
+    outcome = run_suite(ReferenceAdapter(), engine_name="reference", checks=["prefix_only"], max_examples=3,
+                        seed=0, shrink=False, report_dir=tmp_path, known_findings=[entry])
+    start = json.loads((outcome.run_dir / "history.jsonl").read_text().splitlines()[0])
+    assert start["known"] == [entry] and start["strict_known"] is False
+    assert outcome.exit_code == 0 and [dict(e) for e in outcome.analysis.known.fixed] == [entry]
