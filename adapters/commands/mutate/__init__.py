@@ -68,7 +68,7 @@ def build_parser() -> UsageParser:
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the mutant sample")
     p.add_argument("--mutants", default="", help="comma-separated mutant names (see --list) instead of a sample")
     p.add_argument("--modules", default=",".join(DECISION_MODULES), help="decision modules to mutate")
-    p.add_argument("--seeds", type=_ints, default=[0], help="Hypothesis seeds of the suite runs")
+    p.add_argument("--seeds", type=_ints, default="0", help="Hypothesis seeds of the suite runs")
     p.add_argument("--profile", default="ci", choices=list(PROFILES))
     p.add_argument("--mode", default="blackbox", choices=list(MODES),
                    help="blackbox: the adapter declares no introspection; whitebox: as it is")
@@ -201,6 +201,8 @@ def run_mutate(args: argparse.Namespace) -> int:
                         if c.verdict == "survivor":
                             survivors.setdefault(f"{m.name} [{mode}]", _survivor(m, mode, c))
                     rows.append(row)
+                    # written after every mutant: a long run stopped part-way still leaves its report
+                    report.write(args.out, _meta(args, control, time.monotonic() - start, partial=True), rows, survivors)
                     say(f"[{i}/{len(args.selected)}] {mode} seed {seed} {m.name}: {r.outcome}"
                         f"{' -> ' + row['classification'] if row['classification'] else ''} ({r.seconds:g} s)")
     meta = _meta(args, control, time.monotonic() - start)
@@ -221,7 +223,7 @@ def _survivor(m: Mutant, mode: str, c: differ.Classification) -> dict[str, Any]:
             "file": f"{m.name.replace(':', '_').replace('#', '_')}-{mode}.json"}
 
 
-def _meta(args: argparse.Namespace, control: list[str], seconds: float) -> dict[str, Any]:
+def _meta(args: argparse.Namespace, control: list[str], seconds: float, partial: bool = False) -> dict[str, Any]:
     try:
         cr = metadata.version("cosmic-ray")
     except metadata.PackageNotFoundError:
@@ -231,7 +233,8 @@ def _meta(args: argparse.Namespace, control: list[str], seconds: float) -> dict[
             "cosmic_ray": cr, "excluded_operators": list(EXCLUDED_OPERATORS), "profile": args.profile,
             "max_examples": args.max_examples, "seeds": args.seeds, "modes": [("blackbox" if b else "whitebox") for b in MODES[args.mode]], "limit_s": args.limit_s,
             "diff_scenarios": args.diff_scenarios, "diff_seconds": args.diff_seconds, "diff_seed": args.diff_seed,
-            "control": "; ".join(control) if control else "not run (--no-control)", "seconds": round(seconds, 1)}
+            "control": "; ".join(control) if control else "not run (--no-control)", "seconds": round(seconds, 1),
+            "partial": partial}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -123,8 +123,11 @@ def sample(mutants: Sequence[Mutant], n: int | None, seed: int) -> list[Mutant]:
     for m in mutants:
         by_module.setdefault(m.module, []).append(m)
     shares = {mod: max(1, round(n * len(ms) / len(mutants))) for mod, ms in by_module.items()}
-    while sum(shares.values()) > n:  # rounding up can overshoot: take from the largest share
+    exact = {mod: n * len(ms) / len(mutants) for mod, ms in by_module.items()}
+    while sum(shares.values()) > n:  # rounding can overshoot: take from the largest share
         shares[max(shares, key=shares.get)] -= 1
+    while sum(shares.values()) < n:  # ... or fall short: give to the share rounded down the most
+        shares[max(shares, key=lambda mod: exact[mod] - shares[mod])] += 1
     picked = [m for mod, ms in by_module.items() for m in rng.sample(ms, min(shares[mod], len(ms)))]
     return sorted(picked, key=lambda m: (m.module, m.line, m.operator, m.occurrence))
 

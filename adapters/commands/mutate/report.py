@@ -85,6 +85,8 @@ def render(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], survivors
            f"{meta['diff_seconds']:g} s per mutant",
            f"- control (unmutated engine, same seeds): {meta['control']}",
            f"- wall time: {meta['seconds']:.0f} s", "", "## Scores", ""]
+    if meta.get("partial"):
+        out[-2:-2] = [f"- **partial**: the run was still going (or was stopped) after {len(rows)} mutant runs", ""]
     for (mode, seed), group in sorted(runs(rows).items()):
         t = tally(group)
         out.append(f"- **{mode}, seed {seed}**: {_pct(score(t))} ({t.get('killed', 0)} killed, {t.get('survivor', 0)} "
