@@ -84,9 +84,10 @@ def _operator(name: str):
     return get_operator(name)()
 
 
-def positions(source: str, names: Sequence[str]) -> dict[str, list[tuple[int, int]]]:
-    """For each operator of `names`, each place it can mutate `source`: its (line, column), in
-    occurrence order. One parse and one walk for all of them (the walk does not change the tree)."""
+def positions(source: str, names: Sequence[str]) -> dict[str, list[tuple[int, tuple[int, int]]]]:
+    """For each operator of `names`, each place it can mutate `source` outside type annotations:
+    (occurrence, (line, column)), the occurrence as cosmic-ray counts it (annotations included), so
+    `mutate_code` applies it. One parse and one walk for all operators (the walk changes nothing)."""
     from cosmic_ray.ast import Visitor, get_ast
 
     ops = {name: _operator(name) for name in names}
@@ -98,8 +99,31 @@ def positions(source: str, names: Sequence[str]) -> dict[str, list[tuple[int, in
                 found[name].extend(start for start, _ in op.mutation_positions(node))
             return node
 
-    Count().walk(get_ast(source))
-    return found
+    tree = get_ast(source)
+    Count().walk(tree)
+    spans = annotation_spans(tree) if "from __future__ import annotations" in source else []
+    return {name: [(i, p) for i, p in enumerate(found[name]) if not any(a <= p < b for a, b in spans)]
+            for name in names}
+
+
+def annotation_spans(tree) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Where the type annotations are. Under `from __future__ import annotations` they are never
+    evaluated, so a mutant in one (`int | None` -> `int << None`) is equivalent by construction: left
+    out, rather than spending a suite run and a differential search to find that out."""
+    from cosmic_ray.ast import ast_nodes
+
+    spans = []
+    for node in ast_nodes(tree):
+        kids = getattr(node, "children", [])
+        if node.type in ("tfpdef", "annassign"):
+            ann = kids[2] if node.type == "tfpdef" and len(kids) > 2 else kids[1] if node.type == "annassign" else None
+        elif node.type == "funcdef":
+            ann = next((kids[i + 1] for i, k in enumerate(kids) if getattr(k, "value", None) == "->"), None)
+        else:
+            continue
+        if ann is not None:
+            spans.append((ann.start_pos, ann.end_pos))
+    return spans
 
 
 def enumerate_mutants(modules: Sequence[str] = DECISION_MODULES, root: Path | None = None) -> list[Mutant]:
@@ -109,7 +133,7 @@ def enumerate_mutants(modules: Sequence[str] = DECISION_MODULES, root: Path | No
     for module in modules:
         found = positions((root / f"{module}.py").read_text(), names)
         for name in names:
-            out += [Mutant(module, name, i, line) for i, (line, _) in enumerate(found[name])]
+            out += [Mutant(module, name, i, line) for i, (line, _) in found[name]]
     return out
 
 
