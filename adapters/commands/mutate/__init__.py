@@ -178,6 +178,7 @@ def run_mutate(args: argparse.Namespace) -> int:
         session = Session(args, Path(tmp))
         for blackbox in MODES[args.mode]:
             mode = "blackbox" if blackbox else "whitebox"
+            classified: dict[str, differ.Classification] = {}  # by the engine alone: the same for every seed
             for seed in args.seeds:
                 if not args.no_control:
                     c = session.suite(None, seed, blackbox)
@@ -187,7 +188,6 @@ def run_mutate(args: argparse.Namespace) -> int:
                     if c.exit_code != 0:
                         control_ok = False
                         continue
-                classified: dict[str, differ.Classification] = {}
                 for i, m in enumerate(args.selected, 1):
                     r = session.suite(m, seed, blackbox)
                     row = {"mutant": m.to_json(), "mode": mode, "seed": seed, "outcome": r.outcome,

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 KILLED = ("killed", "killed-crash", "killed-inconclusive")
+# A survivor whose difference shows in these is a wrong answer (or a failure) the suite let through; one
+# that differs only in reported counts (cached tokens, drafts) is an efficiency difference.
+WRONG_ANSWER = {"output", "finish_reason", "error", "steps", "results"}
 HOW_KILLED = {"killed": "by-fail", "killed-crash": "by-crash", "killed-inconclusive": "by-inconclusive"}
 
 
@@ -27,6 +30,8 @@ def tally(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
         t[status(r)] += 1
         if r["outcome"] in KILLED:
             t[HOW_KILLED[r["outcome"]]] += 1
+        if status(r) == "survivor" and set(r.get("differs_in") or ()) & WRONG_ANSWER:
+            t["survivor-wrong-answer"] += 1
     return dict(t)
 
 
@@ -56,11 +61,12 @@ def _pct(s: float | None) -> str:
 
 
 def _table(title: str, groups: Mapping[str, Mapping[str, int]]) -> list[str]:
-    lines = [f"| {title} | killed (fail / crash / inconclusive) | survivors | equivalent | unfinished/undecided | score |",
+    lines = [f"| {title} | killed (fail / crash / inconclusive) | survivors (wrong answer) | equivalent | "
+             "unfinished/undecided | score |",
              "|---|---|---|---|---|---|"]
     for name, t in groups.items():
         lines.append(f"| {name} | {t.get('killed', 0)} ({t.get('by-fail', 0)} / {t.get('by-crash', 0)} / "
-                     f"{t.get('by-inconclusive', 0)}) | {t.get('survivor', 0)} | "
+                     f"{t.get('by-inconclusive', 0)}) | {t.get('survivor', 0)} ({t.get('survivor-wrong-answer', 0)}) | "
                      f"{t.get('equivalent', 0)} | {t.get('unfinished', 0) + t.get('undecided', 0)} | {_pct(score(t))} |")
     return lines
 
@@ -90,7 +96,7 @@ def render(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], survivors
     for (mode, seed), group in sorted(runs(rows).items()):
         t = tally(group)
         out.append(f"- **{mode}, seed {seed}**: {_pct(score(t))} ({t.get('killed', 0)} killed, {t.get('survivor', 0)} "
-                   f"survivors, {t.get('equivalent', 0)} equivalent, "
+                   f"survivors of which {t.get('survivor-wrong-answer', 0)} with a wrong answer, {t.get('equivalent', 0)} equivalent, "
                    f"{t.get('unfinished', 0) + t.get('undecided', 0)} unfinished or undecided)")
     for (mode, seed), group in sorted(runs(rows).items()):
         out += ["", f"### {mode}, seed {seed}: per module", ""] + _table("module", breakdown(group, "module"))
