@@ -162,6 +162,20 @@ def differing_fields(d: Mapping[str, Any]) -> list[str]:
     return sorted(fields)
 
 
+def difference_summary(d: Mapping[str, Any]) -> dict[str, list]:
+    """Only what differs at a first difference, as "where": [unmutated, mutant] (for the README)."""
+    a, b = d.get("unmutated") or {}, d.get("mutant") or {}
+    out: dict[str, list] = {}
+    for x, y in zip(a.get("results") or (), b.get("results") or ()):
+        out.update({f"{x.get('request_id')}.{k}": [x.get(k), y.get(k)] for k in RESULT_FIELDS if x.get(k) != y.get(k)})
+    for side in ("snapshot", "reset"):
+        sa, sb = a.get(side) or {}, b.get(side) or {}
+        out.update({f"{side}.{k}": [sa.get(k), sb.get(k)] for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)})
+    if a.get("error") != b.get("error") or set(a) != set(b):
+        out["step"] = [a.get("cause") or sorted(a), b.get("cause") or sorted(b)]
+    return out
+
+
 # --------------------------------------------------------------------------- the parent side
 
 

@@ -8,6 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from adapters.commands.mutate.differ import difference_summary
+
 KILLED = ("killed", "killed-crash", "killed-inconclusive")
 # A survivor whose difference shows in these is a wrong answer (or a failure) the suite let through; one
 # that differs only in reported counts (cached tokens, drafts) is an efficiency difference.
@@ -104,14 +106,15 @@ def render(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], survivors
     out += ["", "## Survivors", ""]
     if not survivors:
         out.append("None.")
-    for name, s in survivors.items():
+    for s in survivors.values():
         d = s["difference"]
-        out += [f"### `{name}` ({s['mode']})", "", "```diff", s["diff"], "```", "",
+        out += [f"### `{s['mutant']['name']}` ({s['mode']})", "", "```diff", s["diff"], "```", "",
                 f"Smallest differing scenario ({s['differing']} of {s['compared']} scenarios differed), "
                 f"first difference at observation {d['observation']}, in {', '.join(s['differs_in'])}: "
                 f"`survivors/{s['file']}`.", "",
-                f"- unmutated: `{json.dumps(d['unmutated'])[:400]}`",
-                f"- mutant: `{json.dumps(d['mutant'])[:400]}`", ""]
+                "What differs there (unmutated, mutant):", ""]
+        out += [f"- `{where}`: `{json.dumps(pair[0])[:200]}` vs `{json.dumps(pair[1])[:200]}`"
+                for where, pair in list(difference_summary(d).items())[:8]] + [""]
     out += ["", "## Every mutant", "", "| mutant | mode | seed | suite | checks failed (or the crash) | examples | s | class |",
             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
