@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from adapters.commands import mutate
-from adapters.commands.mutate import differ
+from adapters.commands.mutate import differ, report
+from adapters.commands.mutate.suite import run_suite_on
 from adapters.commands.mutate.mutants import (DECISION_MODULES, EXCLUDED_OPERATORS, MutantTree, diff,
                                               enumerate_mutants, sample, source_root)
 from adapters.reference import ReferenceAdapter
@@ -93,6 +94,13 @@ def test_differential_search_keeps_the_smallest_differing_scenario_of_a_survivor
     assert differ.scenario_size(c.scenario) == min(sizes)
     assert differ.classify(reference, reference, scenarios).verdict == "equivalent"
     assert differ.classify(reference, [None] * 6, scenarios).verdict == "undecided"  # nothing compared
+
+
+def test_a_suite_run_past_its_limit_is_unfinished_not_killed(tmp_path):
+    with MutantTree(None) as src:
+        r = run_suite_on(src, tmp_path / "run", profile="ci", seed=0, blackbox=True, max_examples=None, limit_s=1)
+    assert r.outcome == "unfinished" and r.exit_code is None
+    assert report.status({"outcome": r.outcome}) == "unfinished"  # left out of the score, reported
 
 
 # -- fail closed ---------------------------------------------------------------------------------------------

@@ -189,12 +189,16 @@ def run_observer(pythonpath_first: Path, engine_kwargs: Mapping[str, str],
     inp.write_text(json.dumps({"engine_args": dict(engine_kwargs), "scenarios": list(scenarios),
                                "deadline_s": deadline_s}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pythonpath_first), str(project_root())])}
+    proc = subprocess.Popen([sys.executable, "-m", "adapters.commands.mutate.differ", str(inp), str(outp)], env=env,
+                            cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        subprocess.run([sys.executable, "-m", "adapters.commands.mutate.differ", str(inp), str(outp)], env=env,
-                       cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=deadline_s + 60 + CALL_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        pass
+        proc.wait(timeout=deadline_s + 60 + CALL_TIMEOUT_S)
+    except BaseException as exc:  # over time, or Ctrl-C (which reaches this process only)
+        from adapters.commands.mutate.suite import end_group
+
+        end_group(proc)
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
     try:
         return json.loads(outp.read_text())
     except (OSError, ValueError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -61,15 +62,31 @@ def run_suite_on(src: Path, workdir: Path, *, profile: str, seed: int, blackbox:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(project_root())])}
     cmd = suite_command(profile, seed, blackbox, workdir / "reports", max_examples, call_timeout_s)
     start = time.monotonic()
+    # A session of its own: `kvparity run` supervises its run in a child process, and a run past the limit
+    # is ended with all of its processes, none left behind.
+    proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=limit_s, check=False)
+        text, _ = proc.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
+        end_group(proc)
         return SuiteRun("unfinished", None, round(time.monotonic() - start, 1), last_line=f"over {limit_s:g} s")
+    except BaseException:  # Ctrl-C reaches this process only (the run has a session of its own)
+        end_group(proc)
+        raise
     seconds = round(time.monotonic() - start, 1)
-    text = proc.stdout + proc.stderr
     lines = [ln for ln in text.splitlines() if ln.strip()]
     examples = _EXAMPLES.findall(text)
     cause = _CAUSE.search(text)
     return SuiteRun(OUTCOMES.get(proc.returncode, "killed-crash"), proc.returncode, seconds,
                     tuple(sorted(set(_CHECK_LINE.findall(text)))), int(examples[-1]) if examples else None,
                     lines[-1][:300] if lines else "", cause.group(1)[:300] if cause else "")
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """Kill `proc` and every process of its session (it was started with `start_new_session`)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.communicate()
