@@ -64,15 +64,16 @@ def _fraction(text: str) -> float:
 def build_parser() -> UsageParser:
     p = UsageParser(prog="kvparity mutate", description=__doc__.split("\n\n")[0])
     p.add_argument("--sample", type=positive_int, default=None,
-                   help="mutants to draw (stratified by module); none: every mutant")
+                   help="mutants to draw, stratified by module (default: every mutant)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the mutant sample")
-    p.add_argument("--mutants", default="", help="comma-separated mutant names (see --list) instead of a sample")
+    p.add_argument("--mutants", default=None,
+                   help="comma-separated mutant names, as --list prints them (default: a sample, see --sample)")
     p.add_argument("--modules", default=",".join(DECISION_MODULES), help="decision modules to mutate")
     p.add_argument("--seeds", type=_ints, default="0", help="Hypothesis seeds of the suite runs")
-    p.add_argument("--profile", default="ci", choices=list(PROFILES))
+    p.add_argument("--profile", default="ci", choices=list(PROFILES), help="the suite's profile")
     p.add_argument("--mode", default="blackbox", choices=list(MODES),
                    help="blackbox: the adapter declares no introspection; whitebox: as it is")
-    p.add_argument("--max-examples", type=positive_int, default=None, help="cap on examples (none: the profile's)")
+    p.add_argument("--max-examples", type=positive_int, default=None, help="cap on examples (default: the profile's)")
     p.add_argument("--limit-s", type=positive_seconds, default=600.0,
                    help="per-mutant, per-seed limit on one suite run; past it the mutant is 'unfinished'")
     p.add_argument("--diff-scenarios", type=positive_int, default=60, help="scenarios of the differential search")
@@ -105,9 +106,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def select(population: list[Mutant], names: str, n: int | None, seed: int) -> list[Mutant]:
+def select(population: list[Mutant], names: str | None, n: int | None, seed: int) -> list[Mutant]:
     """The named mutants (each name as --list prints it), or a seeded sample of `n` (all when None)."""
-    wanted = [s.strip() for s in names.split(",") if s.strip()]
+    wanted = [s.strip() for s in (names or "").split(",") if s.strip()]
     if not wanted:
         return sample(population, n, seed)
     by_name = {m.name: m for m in population}
