@@ -139,7 +139,8 @@ def enumerate_mutants(modules: Sequence[str] = DECISION_MODULES, root: Path | No
 
 def sample(mutants: Sequence[Mutant], n: int | None, seed: int) -> list[Mutant]:
     """`n` mutants drawn without replacement with `random.Random(seed)`, stratified by module (each
-    module gets its share of `n` in proportion to its mutants, at least one), in a stable order."""
+    module gets its share of `n` in proportion to its mutants, at least one), taking the modules in
+    turn (`interleave`)."""
     if n is None or n >= len(mutants):
         return list(mutants)
     rng = random.Random(seed)
@@ -152,8 +153,17 @@ def sample(mutants: Sequence[Mutant], n: int | None, seed: int) -> list[Mutant]:
         shares[max(shares, key=shares.get)] -= 1
     while sum(shares.values()) < n:  # ... or fall short: give to the share rounded down the most
         shares[max(shares, key=lambda mod: exact[mod] - shares[mod])] += 1
-    picked = [m for mod, ms in by_module.items() for m in rng.sample(ms, min(shares[mod], len(ms)))]
-    return sorted(picked, key=lambda m: (m.module, m.line, m.operator, m.occurrence))
+    picked = {mod: sorted(rng.sample(ms, min(shares[mod], len(ms))), key=lambda m: (m.line, m.operator, m.occurrence))
+              for mod, ms in by_module.items()}
+    return interleave(list(picked.values()))
+
+
+def interleave(groups: list[list[Mutant]]) -> list[Mutant]:
+    """Round-robin over the modules: a run stopped part-way has still sampled every module alike."""
+    out, longest = [], max((len(g) for g in groups), default=0)
+    for i in range(longest):
+        out += [g[i] for g in groups if i < len(g)]
+    return out
 
 
 def mutated_source(mutant: Mutant, root: Path | None = None) -> str:
