@@ -27,6 +27,8 @@ from typing import Any, Mapping, Sequence
 
 from attrs import frozen
 
+from adapters.commands.mutate.process import end_group
+
 RESULT_FIELDS = ("request_id", "output", "finish_reason", "cached_tokens", "draft_proposed", "draft_accepted",
                  "evictions", "prefill_chunks", "preempted")
 CALL_TIMEOUT_S = 20.0  # one engine call of a mutant that loops forever ends as an error, not a hang
@@ -194,8 +196,6 @@ def run_observer(pythonpath_first: Path, engine_kwargs: Mapping[str, str],
     try:
         proc.wait(timeout=deadline_s + 60 + CALL_TIMEOUT_S)
     except BaseException as exc:  # over time, or Ctrl-C (which reaches this process only)
-        from adapters.commands.mutate.suite import end_group
-
         end_group(proc)
         if not isinstance(exc, subprocess.TimeoutExpired):
             raise

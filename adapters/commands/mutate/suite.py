@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from attrs import frozen
 
 from adapters.commands.mutate.differ import engine_args, project_root
+from adapters.commands.mutate.process import end_group
 
 # exit code of `kvparity run` -> what it means for a mutant
 OUTCOMES = {0: "survived-suite", 1: "killed", 2: "killed-inconclusive", 3: "killed-crash"}
@@ -82,11 +82,3 @@ def run_suite_on(src: Path, workdir: Path, *, profile: str, seed: int, blackbox:
                     tuple(sorted(set(_CHECK_LINE.findall(text)))), int(examples[-1]) if examples else None,
                     lines[-1][:300] if lines else "", cause.group(1)[:300] if cause else "")
 
-
-def end_group(proc: subprocess.Popen) -> None:
-    """Kill `proc` and every process of its session (it was started with `start_new_session`)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.communicate()
