@@ -22,6 +22,10 @@ them off.
 
 `fault=NAME` (or `fault=A+B`, several at once) builds every engine of this adapter with that fault of the fault zoo planted
 (reference_engine/faults.py `build_engine`); without it the engine is built from the normal classes.
+
+`introspection=off` makes the adapter declare no introspection (no `snapshot` is taken, no white-box
+check applies): the suite then sees only what any engine shows. `kvparity mutate` measures the suite's
+power that way (black-box) as well as with introspection (white-box, the default).
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ class ReferenceAdapter:
     def __init__(self, **knobs: Any) -> None:
         fault = knobs.pop("fault", None)
         self.fault = None if fault is None or str(fault).lower() in ("", "none", "off") else str(fault)
+        self.introspection = bool_arg("introspection", knobs.pop("introspection", "true"))
         if self.fault is not None:
             try:
                 fault_names(self.fault)  # one fault, or several joined by "+"
@@ -146,7 +151,7 @@ class ReferenceAdapter:
             revisions=self.registry.revisions(),
             adapters=tuple(f"{name}@{digest}" for name in sorted(self.registry.adapters())
                            for digest in sorted(self.registry.known_weights())),
-            introspection=True, baseline_mode=True, tolerance=0.0,
+            introspection=self.introspection, baseline_mode=True, tolerance=0.0,
             config_space=CONFIG_SPACE, knob_roles=KNOB_ROLES, min_hit_prompt=c.block_size + 1,
             context_limits={"pool_tokens": {str(v): v for v in CONFIG_SPACE["pool_tokens"]}},
             landmarks=shipped_landmarks())
