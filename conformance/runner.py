@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import random
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -34,6 +35,7 @@ from conformance.contract import Capabilities, Engine, EngineError, Introspectab
 from conformance.history import HistoryBuilder, HistoryWriteError, HistoryWriter, parse
 from conformance.oracle import Oracle
 from conformance.progress import Progress
+from conformance.shrink_budget import ShrinkBudget, ShrinkTimeUp
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
 from conformance.verdicts import CheckResult, Failure
 
@@ -86,6 +88,7 @@ class ScenarioRunner:
         self.calls = calls or EngineCalls(timeout_s)
         self.introspect = caps.introspection and isinstance(engine, Introspectable)
         self.resolved: dict[str, tuple[Request, Result]] = {}
+        self.budget: Callable[[], None] | None = None  # run_suite's shrink budget (conformance.shrink_budget)
 
     def run(self, steps: Sequence[Step], example: int) -> None:
         """Run one scenario from a cold cache. Raises EngineError after recording an `error` event.
@@ -93,6 +96,8 @@ class ScenarioRunner:
         between examples stops the run here (not in the stream's test function, whose source seeds the
         derandomised stream: an added line there draws another CI stream)."""
         stopping.check()
+        if self.budget is not None:
+            self.budget()
         self.begin(example, **(steps.marks if isinstance(steps, MarkedScenario) else {}))
         for step in steps:
             self.step(step)
@@ -227,6 +232,7 @@ class RunOutcome:
     first_failing: dict[str, int] = attrs.Factory(dict)  # check -> the first example that failed it
     closed: bool = False  # run_suite(close=True) closed the engine (its failure, if any, is in the history)
     stop_code: int = 130  # the exit code of an interrupted run: 128 + the signal (conformance.stopping)
+    seed: int | None = None  # the Hypothesis seed the stream was drawn from (None: derandomised, as ci is)
 
     @property
     def verdict(self) -> str:
@@ -271,7 +277,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
               database_dir: str | os.PathLike[str] | None = None, shrink: bool = True,
               run_dir: str | os.PathLike[str] | None = None, calls: EngineCalls | None = None,
               tolerance: float | None = None, calibration: str | None = None,
-              progress: Progress | None = None, close: bool = False) -> RunOutcome:
+              progress: Progress | None = None, close: bool = False,
+              max_shrink_seconds: float | None = None) -> RunOutcome:
     """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/` (or `run_dir`).
 
     Fail closed: an engine error, a history that cannot be written and a Ctrl-C all end the run with
@@ -280,11 +287,15 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
 
     `close`: close the engine as the run's last engine call, before `run_end` and the report, so a close
     that raises or hangs is an `error` event of the history and every report file says so (`kvparity
-    run`); a run the user interrupted is not closed here (its caller closes it after the report)."""
+    run`); a run the user interrupted is not closed here (its caller closes it after the report).
+
+    `max_shrink_seconds`: stop shrinking that long after the first failure (None: Hypothesis' own cap)."""
     from conformance.report import write_report
 
     names = select_checks(checks)
     base_settings = profile_settings(profile)
+    if seed is None and not base_settings.derandomize:  # drawn, so every run records what reruns it;
+        seed = random.randrange(2**32)  # not for ci: a seed there would replace its derandomised stream
     own_calls = calls is None
     calls = calls or EngineCalls(timeout_s)
     started = time.monotonic()
@@ -303,9 +314,11 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         if tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
             caps = attrs.evolve(caps, tolerance=tolerance)
         writer.append("run_start", engine=engine_name, engine_args=dict(engine_args or {}), capabilities=caps,
-                      versions=versions(caps), seed=seed, profile=profile, checks=names, calibration=calibration)
+                      versions=versions(caps), seed="derandomised" if seed is None else seed, profile=profile,
+                      checks=names, calibration=calibration)
         oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
         runner = ScenarioRunner(engine, writer, oracle, caps, calls=calls)
+        runner.budget = ShrinkBudget(max_shrink_seconds, lambda: bool(first_failing))
         db = DirectoryBasedExampleDatabase(str(Path(database_dir or ".hypothesis") / "kvparity" /
                                                engine_name.replace(":", "_").replace("/", "_")))
         overrides: dict[str, Any] = {"database": db}
@@ -373,7 +386,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         history.errors.append(writer.write_error)
     analysis = analyse(history, names, known)
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned,
-                         first_failing=first_failing, closed=closer.closed, stop_code=stop_code)
+                         first_failing=first_failing, closed=closer.closed, stop_code=stop_code, seed=seed)
     try:
         decode = None if calls.abandoned else getattr(engine, "decode", None)  # a hung engine is not asked again
         write_report(run_dir, history, analysis, duration_s=outcome.duration_s, decode=decode)
@@ -411,8 +424,8 @@ def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> None:
     Hypothesis raises is recorded as an error. Ctrl-C and a history that cannot be written go on up."""
     try:
         test()
-    except _EngineBroken:
-        pass  # already recorded as an `error` event
+    except (_EngineBroken, ShrinkTimeUp):
+        pass  # already recorded as an `error` event; or the shrink budget is spent (the witness stands)
     except (ConformanceFailure, AssertionError):
         pass  # recorded in the history; analysis below reports the shrunk witness
     except (KeyboardInterrupt, HistoryWriteError):
