@@ -239,6 +239,9 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     if outcome.report_error and not outcome.interrupted:
         code = ExitCode.USAGE  # no report files: the run ends as an error, whatever it found
     word = "INTERRUPTED" if outcome.interrupted else "ERROR" if code == ExitCode.USAGE else a.verdict.upper()
+    if outcome.shrink_capped:
+        print(f"shrinking stopped at --max-shrink-seconds {args.max_shrink_seconds:g}: each witness is the smallest "
+              f"failure found by then (a larger cap, or --minimise, may shrink it further)")
     print(seed_line(args, outcome.seed))
     print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
     status.tell(verdict=code)

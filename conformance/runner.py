@@ -233,6 +233,7 @@ class RunOutcome:
     closed: bool = False  # run_suite(close=True) closed the engine (its failure, if any, is in the history)
     stop_code: int = 130  # the exit code of an interrupted run: 128 + the signal (conformance.stopping)
     seed: int | None = None  # the Hypothesis seed the stream was drawn from (None: derandomised, as ci is)
+    shrink_capped: bool = False  # shrinking ended at `max_shrink_seconds`: the witness is the smallest so far
 
     @property
     def verdict(self) -> str:
@@ -309,6 +310,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     examples = 0
     interrupted, stop_code = False, ExitCode.INTERRUPTED
     closer = _Closer(engine, calls, close)
+    budget = ShrinkBudget(max_shrink_seconds, lambda: bool(first_failing))  # checked before each example
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         if tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
@@ -318,7 +320,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
                       checks=names, calibration=calibration)
         oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
         runner = ScenarioRunner(engine, writer, oracle, caps, calls=calls)
-        runner.budget = ShrinkBudget(max_shrink_seconds, lambda: bool(first_failing))
+        runner.budget = budget
         db = DirectoryBasedExampleDatabase(str(Path(database_dir or ".hypothesis") / "kvparity" /
                                                engine_name.replace(":", "_").replace("/", "_")))
         overrides: dict[str, Any] = {"database": db}
@@ -386,7 +388,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         history.errors.append(writer.write_error)
     analysis = analyse(history, names, known)
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned,
-                         first_failing=first_failing, closed=closer.closed, stop_code=stop_code, seed=seed)
+                         first_failing=first_failing, closed=closer.closed, stop_code=stop_code, seed=seed,
+                         shrink_capped=budget.spent)
     try:
         decode = None if calls.abandoned else getattr(engine, "decode", None)  # a hung engine is not asked again
         write_report(run_dir, history, analysis, duration_s=outcome.duration_s, decode=decode)

@@ -1,5 +1,7 @@
-"""`kvparity export WITNESS.json --out FILE.py [--engine NAME|module:Class] [--minimal]`: a standalone reproducer of a witness for
-the engine's own API, which does not import kvparity.
+"""`kvparity export WITNESS.json --out FILE.py [--engine NAME|module:Class] [--minimal]`: a standalone
+reproducer of a witness for the engine's own API, which does not import kvparity (for a `module:Class`
+adapter, adapters/commands/export/adapter.py: it imports the adapter's module); `--minimal` prints the
+steps and one assertion (minimal.py).
 
 To report a finding upstream, an engine developer should not have to install kvparity and trust its
 adapter. The script this writes drives the engine the way the adapter did (one module per engine here:
