@@ -183,3 +183,15 @@ def test_export_needs_out_or_minimal(tmp_path, capsys):
 
     assert exporting.main([str(SALT_WITNESS)]) == 3
     assert "--out" in capsys.readouterr().err
+
+
+def test_the_pytest_plugin_names_the_seed_that_reruns_its_stream(tmp_path):
+    from tests.test_plugin_failclosed import plugin_run, run_dirs
+
+    out = plugin_run(tmp_path, "-n", "0", "--kvparity-max-examples", "3", "--kvparity-allow-inconclusive",
+                     engine="fake_engine:FakeDictEngine")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (run,) = run_dirs(tmp_path)
+    seed = _history(run)[0]["seed"]
+    assert isinstance(seed, int)  # drawn and recorded: a dev stream always has a seed
+    assert f"(seed {seed}: --kvparity-seed {seed} reruns the stream)" in out.stdout
