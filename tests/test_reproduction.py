@@ -195,3 +195,14 @@ def test_the_pytest_plugin_names_the_seed_that_reruns_its_stream(tmp_path):
     seed = _history(run)[0]["seed"]
     assert isinstance(seed, int)  # drawn and recorded: a dev stream always has a seed
     assert f"(seed {seed}: --kvparity-seed {seed} reruns the stream)" in out.stdout
+
+
+def test_the_adapter_driver_imports_only_the_standard_library():
+    import ast
+
+    from adapters.commands import export as exporting
+
+    tree = ast.parse(exporting.exporter_for("standalone_adapter:SaltAwareReference").DRIVER)
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert names and names <= set(sys.stdlib_module_names), names

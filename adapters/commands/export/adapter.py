@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping
 
 from conformance.contract import Baseline, Request, UsageError
 
-NEEDS = "the adapter's own module and what it imports (its folder is put on sys.path; --adapter-path moves it)"
+NEEDS = ("the adapter's own module and what it imports: by name where it is importable (PYTHONPATH, installed),\n"
+         "else from the file it was exported from (--adapter-file moves it)")
 
 DRIVER = r'''
 # --- the engine: the user's adapter, driven through the Engine contract as `kvparity run` drives it ---
@@ -31,19 +32,16 @@ _Request = namedtuple("Request", "id prompt max_tokens stop_ids identity")
 
 
 class Driver:
-    OPTIONS = [("--adapter-path", {"default": None, "help": "the folder to import the adapter module from "
-                                   "(default: the one it was exported from)"})]
+    OPTIONS = [("--adapter-file", {"default": None, "help": "the adapter module's file, where its name is not "
+                                   "importable (default: the file it was exported from)"})]
 
     def __init__(self, params, args):
-        import importlib
-
-        folder = args.adapter_path or params["path"]
-        if folder:
-            sys.path.insert(0, folder)
-        module = importlib.import_module(params["module"])
+        module = _adapter_module(params["module"], args.adapter_file or params["file"], bool(args.adapter_file))
         self.Request = getattr(module, "Request", _Request)
         self.Identity = getattr(module, "Identity", _Identity)
         self.engine = getattr(module, params["class"])(**params["args"])
+        if not callable(getattr(self.engine, "snapshot", None)):
+            self.snapshot = None  # the checker's sign of an engine without a white-box snapshot
 
     def configure(self, config):
         self.engine.configure(config)
@@ -60,11 +58,30 @@ class Driver:
                  **{f: getattr(r, f, None) for f in fields}} for r in self.engine.run(batch)]
 
     def snapshot(self):
-        snap = getattr(self.engine, "snapshot", None)
-        return dict(snap()) if callable(snap) else {}
+        return dict(self.engine.snapshot())
 
     def close(self):
         self.engine.close()
+
+
+def _adapter_module(name, file, explicit):
+    """The adapter module: from `file` where the user named one (--adapter-file), else imported by name
+    where that works (PYTHONPATH, an installed package), else loaded from the file it was exported from
+    (an adapter that imports its own package's siblings needs one of the first two)."""
+    import importlib
+    import importlib.util
+
+    if not explicit:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if not file or not (name == exc.name or name.startswith(f"{exc.name}.")):  # one it imports
+                raise
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 '''
 
 
@@ -73,23 +90,18 @@ def split(target: str) -> tuple[str, str]:
     return module, cls
 
 
-def folder_of(module_name: str) -> str | None:
-    """The sys.path entry the adapter module was imported from (None: an installed package's own)."""
+def file_of(module_name: str) -> str | None:
+    """The file the adapter module was imported from (None: one without a file)."""
     module = sys.modules.get(module_name) or importlib.import_module(module_name)
     file = getattr(module, "__file__", None)
-    if file is None:
-        return None
-    root = Path(file).resolve().parent
-    for _ in module_name.split(".")[1:]:
-        root = root.parent
-    return str(root)
+    return None if file is None else str(Path(file).resolve())
 
 
 def params_for(target: str) -> Callable[[Mapping[str, str]], dict[str, Any]]:
     module, cls = split(target)
 
     def engine_params(args: Mapping[str, str]) -> dict[str, Any]:
-        return {"module": module, "class": cls, "args": dict(args), "path": folder_of(module)}
+        return {"module": module, "class": cls, "args": dict(args), "file": file_of(module)}
 
     return engine_params
 
