@@ -18,6 +18,7 @@ import math
 import os
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -25,6 +26,7 @@ from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seco
 from conformance.contract import EngineError, UsageError
 from conformance.exit_codes import ExitCode
 from conformance.reproduce import DEFAULT_MAX_SHRINK_SECONDS, seed_line
+from conformance.step_counts import table
 
 WITNESS_VERSION = 1
 
@@ -242,6 +244,7 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     if outcome.shrink_capped:
         print(f"shrinking stopped at --max-shrink-seconds {args.max_shrink_seconds:g}: each witness is the smallest "
               f"failure found by then (a larger cap, or --minimise, may shrink it further)")
+    print(table(Counter(outcome.step_kinds)))
     print(seed_line(args, outcome.seed))
     print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
     status.tell(verdict=code)

@@ -16,6 +16,7 @@ import os
 import platform
 import random
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,7 +26,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from conformance import stopping, validation
+from conformance import step_counts, stopping, validation
 from conformance.exit_codes import ExitCode
 from conformance.analysis import Analysis, analyse, example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls, one_line
@@ -233,6 +234,7 @@ class RunOutcome:
     closed: bool = False  # run_suite(close=True) closed the engine (its failure, if any, is in the history)
     stop_code: int = 130  # the exit code of an interrupted run: 128 + the signal (conformance.stopping)
     seed: int | None = None  # the Hypothesis seed the stream was drawn from (None: derandomised, as ci is)
+    step_kinds: dict[str, int] = attrs.Factory(dict)  # kind -> steps drawn (conformance.step_counts)
     shrink_capped: bool = False  # shrinking ended at `max_shrink_seconds`: the witness is the smallest so far
 
     @property
@@ -311,6 +313,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     interrupted, stop_code = False, ExitCode.INTERRUPTED
     closer = _Closer(engine, calls, close)
     budget = ShrinkBudget(max_shrink_seconds, lambda: bool(first_failing))  # checked before each example
+    drawn: Counter[str] = Counter()
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         if tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
@@ -358,11 +361,12 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
                 raise ConformanceFailure(failures)
 
         test = hypothesis_seed(seed)(conformance_example) if seed is not None else conformance_example
-        _run_phase(test, writer)
-        if not first_failing and not builder.history.errors:  # a failing or broken run needs no more
-            complete(builder.history, conformance_example.hypothesis.inner_test,
-                     lambda test: _run_phase(test, writer), writer,
-                     settings(base_settings, **overrides), seed)
+        with step_counts.counting(drawn):
+            _run_phase(test, writer)
+            if not first_failing and not builder.history.errors:  # a failing or broken run needs no more
+                complete(builder.history, conformance_example.hypothesis.inner_test,
+                         lambda test: _run_phase(test, writer), writer,
+                         settings(base_settings, **overrides), seed)
         stopping.check()  # stopped before the run ended: INTERRUPTED, not a finished run
         closer(lambda cause: writer.append("error", cause=cause))
         writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
@@ -389,7 +393,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     analysis = analyse(history, names, known)
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned,
                          first_failing=first_failing, closed=closer.closed, stop_code=stop_code, seed=seed,
-                         shrink_capped=budget.spent)
+                         shrink_capped=budget.spent, step_kinds=dict(drawn))
     try:
         decode = None if calls.abandoned else getattr(engine, "decode", None)  # a hung engine is not asked again
         write_report(run_dir, history, analysis, duration_s=outcome.duration_s, decode=decode)

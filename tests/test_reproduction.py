@@ -54,6 +54,8 @@ def test_a_run_prints_a_seed_whose_command_reruns_the_same_stream(tmp_path):
     runs = [_history(_run_dir(p.stdout, cwd)) for p, cwd in ((proc, first), (again, second))]
     assert [r[0]["seed"] for r in runs] == [seed, seed]  # recorded in run_start
     assert _submits(runs[0]) and _submits(runs[0]) == _submits(runs[1])
+    kinds = [next(x for x in p.stdout.splitlines() if x.startswith("step kinds drawn: ")) for p in (proc, again)]
+    assert kinds[0] == kinds[1] and re.search(r"\bbatch \d+", kinds[0])  # the per-run table, same stream same table
 
 
 def test_a_derandomised_profile_draws_no_seed_and_says_so(tmp_path):
@@ -206,3 +208,16 @@ def test_the_adapter_driver_imports_only_the_standard_library():
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert names and names <= set(sys.stdlib_module_names), names
+
+
+def test_step_counts_count_only_inside_a_run():
+    from collections import Counter
+
+    from conformance import step_counts
+
+    step_counts.count("batch")  # outside a run: nowhere to count, no error
+    with step_counts.counting(Counter()) as counts:
+        step_counts.count("batch"), step_counts.count("flood"), step_counts.count("batch")
+    step_counts.count("batch")
+    assert counts == {"batch": 2, "flood": 1}
+    assert step_counts.table(counts) == "step kinds drawn: batch 2, flood 1"
