@@ -56,7 +56,7 @@ reports-gzip:
 reports-fault-zoo: setup
 	mkdir -p $(dir $(ZOO_NOTES))
 	sed -n '/^## What it took/,$$p' reports/fault-zoo.md > $(ZOO_NOTES)
-	$(VENV)/bin/kvparity fault-zoo --out reports/fault-zoo.md --profile ci --shrink-seconds 60 --notes $(ZOO_NOTES)
+	$(VENV)/bin/kvparity fault-zoo --out reports/fault-zoo.md --profile ci --max-shrink-seconds 60 --notes $(ZOO_NOTES)
 
 reports-economics: setup
 	$(VENV)/bin/kvparity bench --engine reference --size full --k 4 --out reports/economics

@@ -18,12 +18,15 @@ import math
 import os
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seconds  # noqa: F401 - re-exported
 from conformance.contract import EngineError, UsageError
 from conformance.exit_codes import ExitCode
+from conformance.reproduce import DEFAULT_MAX_SHRINK_SECONDS, seed_line
+from conformance.step_counts import table
 
 WITNESS_VERSION = 1
 
@@ -55,12 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checks", default="", help="comma-separated check names (empty: all)")
     run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR,
                      help="where run folders go (the default is git-ignored; reports/ is for committed results)")
-    run.add_argument("--seed", type=int, default=None, help="Hypothesis seed (none: the profile's own)")
+    run.add_argument("--seed", type=int, default=None,
+                     help="Hypothesis seed (none: one is drawn and printed; the ci profile is derandomised)")
     run.add_argument("--max-examples", type=positive_int, default=None,
                      help="override the profile's example count (none: the profile's)")
     run.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                      help="seconds per engine call (construction and close included) before it counts as hung")
-    run.add_argument("--no-shrink", action="store_true", help="report the first failing example unshrunk (faster)")
+    run.add_argument("--no-shrink", "-x", "--exitfirst", action="store_true",
+                     help="stop at the first failing example and report it unshrunk (faster)")
+    run.add_argument("--max-shrink-seconds", type=positive_seconds, default=DEFAULT_MAX_SHRINK_SECONDS,
+                     help="stop shrinking a failure after this many seconds; the witness so far is reported "
+                          f"(default {DEFAULT_MAX_SHRINK_SECONDS:g})")
     run.add_argument("--calibration", default=None, metavar="FILE",
                      help="a `kvparity calibrate` file: its measured tau replaces the adapter's declared one, and "
                           "features are flagged against its plain near-tie rate (none: the declared tau)")
@@ -222,7 +230,7 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     status.tell(run_dir=str(run_dir))
     outcome = run_suite(engine, engine_name=args.engine, engine_args=engine_args, profile=args.profile,
                         checks=checks, run_dir=run_dir, seed=args.seed, max_examples=args.max_examples,
-                        timeout_s=args.timeout, shrink=not args.no_shrink,
+                        timeout_s=args.timeout, shrink=not args.no_shrink, max_shrink_seconds=args.max_shrink_seconds,
                         tolerance=calibration.tau if calibration else None,
                         calibration=calibration.path if calibration else None,
                         progress=None if args.quiet else Progress(), close=True, known_findings=known,
@@ -253,6 +261,11 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     if outcome.report_error and not outcome.interrupted:
         code = ExitCode.USAGE  # no report files: the run ends as an error, whatever it found
     word = "INTERRUPTED" if outcome.interrupted else "ERROR" if code == ExitCode.USAGE else a.verdict.upper()
+    if outcome.shrink_capped:
+        print(f"shrinking stopped at --max-shrink-seconds {args.max_shrink_seconds:g}: each witness is the smallest "
+              f"failure found by then (a larger cap, or --minimise, may shrink it further)")
+    print(table(Counter(outcome.step_kinds)))
+    print(seed_line(args, outcome.seed))
     print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
     status.tell(verdict=code)
     if outcome.interrupted and not outcome.closed and not outcome.abandoned:  # closed after its report

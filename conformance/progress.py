@@ -5,6 +5,8 @@ A nightly run against vLLM takes an hour; one that prints nothing until it ends 
 one that hangs. On a terminal the progress is one live line, rewritten in place (at most a few times a
 second); in a log (CI, a pipe) it is a plain line every `every` examples, a line when a check first
 fails, and a last line at the end — a log is read afterwards, and carriage returns would garble it.
+Past the target (Hypothesis shrinking a failure, hundreds of examples) a log line comes only when the
+count doubles, so a run's log holds about ten lines, a line per failing check and a handful more.
 `kvparity run -q` turns it off. It writes to stderr, so stdout stays the verdict and the summary.
 
 Engine calls are counted from the history's own events (every configure, reset, run, baseline and
@@ -43,7 +45,7 @@ class Progress:
         self.target = max(int(target), 0)
         self.started = self.clock()
         if self.every is None:
-            self.every = max(1, self.target // 10)
+            self.every = max(1, -(-self.target // 10))  # at most ten lines up to the target
 
     def event(self, ev: Mapping[str, Any]) -> None:
         """Count the engine calls a history event records (the history writer's sink)."""
@@ -65,8 +67,14 @@ class Progress:
                 self.stream.write("\r\x1b[K" + self.line())
                 self.stream.flush()
                 self._drawn = True
-        elif new or (self.every and done % self.every == 0):
+        elif new or self._due(done):
             self._print()
+
+    def _due(self, done: int) -> bool:
+        """A log line every `every` examples up to the target; past it (shrinking) at each doubling."""
+        if self.target and done > self.target:
+            return done % self.target == 0 and (done // self.target) & (done // self.target - 1) == 0
+        return bool(self.every) and done % self.every == 0
 
     def finish(self) -> None:
         """The run ended: the last state, on a line of its own."""

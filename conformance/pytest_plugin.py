@@ -194,9 +194,23 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """Say where the report went (nothing in a session that ran no kvparity stream)."""
+    """Say where the report went and the seed that reruns its stream (nothing in a session that ran no
+    kvparity stream)."""
     for run_dir in config.stash.get(RUN_DIRS, []):
-        terminalreporter.write_line(f"kvparity report: {Path(run_dir) / 'report.md'}")
+        seed = recorded_seed(Path(run_dir))
+        terminalreporter.write_line(f"kvparity report: {Path(run_dir) / 'report.md'}"
+                                    + (f" (seed {seed}: --kvparity-seed {seed} reruns the stream)"
+                                       if isinstance(seed, int) else f" (seed {seed})" if seed else ""))
+
+
+def recorded_seed(run_dir: Path) -> Any:
+    """The seed the run's `run_start` recorded (an int, or "derandomised"); None where unreadable."""
+    try:
+        with open(run_dir / "history.jsonl", encoding="utf-8") as f:
+            first = json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
+    return first.get("seed") if isinstance(first, dict) and first.get("event") == "run_start" else None
 
 
 def shared_outcome_file(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:

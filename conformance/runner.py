@@ -14,7 +14,9 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import random
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,7 +27,8 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from conformance import known as known_mod
-from conformance import stopping, validation
+from conformance import step_counts, stopping, validation
+from conformance.exit_codes import ExitCode
 from conformance.analysis import Analysis, analyse, example_verdicts, failures_of, select_checks
 from conformance.calls import EngineCalls, one_line
 from conformance.checks import CHECKS
@@ -36,6 +39,7 @@ from conformance.history import HistoryBuilder, HistoryWriteError, HistoryWriter
 from conformance.oracle import Oracle
 from conformance.progress import Progress
 from conformance.hunt import Hunt
+from conformance.shrink_budget import ShrinkBudget, ShrinkTimeUp
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
 from conformance.verdicts import CheckResult, Failure
 
@@ -89,6 +93,7 @@ class ScenarioRunner:
         self.introspect = caps.introspection and isinstance(engine, Introspectable)
         self.resolved: dict[str, tuple[Request, Result]] = {}
         self.on_run: Callable[[Sequence[Step]], None] = lambda steps: None  # told each scenario it runs
+        self.budget: Callable[[], None] | None = None  # run_suite's shrink budget (conformance.shrink_budget)
 
     def run(self, steps: Sequence[Step], example: int) -> None:
         """Run one scenario from a cold cache. Raises EngineError after recording an `error` event.
@@ -96,6 +101,8 @@ class ScenarioRunner:
         between examples stops the run here (not in the stream's test function, whose source seeds the
         derandomised stream: an added line there draws another CI stream)."""
         stopping.check()
+        if self.budget is not None:
+            self.budget()
         self.on_run(steps)
         self.begin(example, **(steps.marks if isinstance(steps, MarkedScenario) else {}))
         for step in steps:
@@ -234,6 +241,9 @@ class RunOutcome:
     first_failing: dict[str, int] = attrs.Factory(dict)  # check -> the first example that failed it
     closed: bool = False  # run_suite(close=True) closed the engine (its failure, if any, is in the history)
     stop_code: int = 130  # the exit code of an interrupted run: 128 + the signal (conformance.stopping)
+    seed: int | None = None  # the Hypothesis seed the stream was drawn from (None: derandomised, as ci is)
+    step_kinds: dict[str, int] = attrs.Factory(dict)  # kind -> steps drawn (conformance.step_counts)
+    shrink_capped: bool = False  # shrinking ended at `max_shrink_seconds`: the witness is the smallest so far
 
     @property
     def verdict(self) -> str:
@@ -280,7 +290,7 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
               tolerance: float | None = None, calibration: str | None = None,
               progress: Progress | None = None, close: bool = False,
               known_findings: Sequence[Mapping[str, str]] | None = None, strict_known: bool = False,
-              keep_looking: bool = True) -> RunOutcome:
+              keep_looking: bool = True, max_shrink_seconds: float | None = None) -> RunOutcome:
     """Run the suite against a constructed engine and write `report_dir/<engine>/<run>/` (or `run_dir`).
 
     Fail closed: an engine error, a history that cannot be written and a Ctrl-C all end the run with
@@ -294,11 +304,14 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     `known_findings` (`--known`, conformance.known): failures with those signatures do not stop the run
     nor fail it; they are recorded and reported as known. Several bugs per run: each new signature
     stops Hypothesis and is shrunk on its own (conformance.hunt), then the run looks on, with the examples left
-    (`keep_looking=False`: the first round only, as before issue 33; the fault zoo measures that)."""
+    (`keep_looking=False`: the first round only, as before issue 33; the fault zoo measures that).
+    `max_shrink_seconds`: stop shrinking that long after the first failure (None: Hypothesis' own cap)."""
     from conformance.report import write_report
 
     names = select_checks(checks)
     base_settings = profile_settings(profile)
+    if seed is None and not base_settings.derandomize:  # drawn, so every run records what reruns it;
+        seed = random.randrange(2**32)  # not for ci: a seed there would replace its derandomised stream
     own_calls = calls is None
     calls = calls or EngineCalls(timeout_s)
     started = time.monotonic()
@@ -313,16 +326,20 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
     interrupted, stop_code = False, ExitCode.INTERRUPTED
     closer = _Closer(engine, calls, close)
     hunt = Hunt({e["signature"] for e in known_findings or ()}, _STREAM_FAILURE, keep_looking)
+    budget = ShrinkBudget(max_shrink_seconds, lambda: bool(first_failing))  # checked before each example
+    drawn: Counter[str] = Counter()
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         if tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
             caps = attrs.evolve(caps, tolerance=tolerance)
         writer.append("run_start", engine=engine_name, engine_args=dict(engine_args or {}), capabilities=caps,
-                      versions=versions(caps), seed=seed, profile=profile, checks=names, calibration=calibration,
+                      versions=versions(caps), seed="derandomised" if seed is None else seed, profile=profile,
+                      checks=names, calibration=calibration,
                       **({} if known_findings is None else {"known": [dict(e) for e in known_findings],
                                                            "strict_known": strict_known}))
         oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
         runner = ScenarioRunner(engine, writer, oracle, caps, calls=calls)
+        runner.budget = budget
         db = DirectoryBasedExampleDatabase(str(Path(database_dir or ".hypothesis") / "kvparity" /
                                                engine_name.replace(":", "_").replace("/", "_")))
         overrides: dict[str, Any] = {"database": db}
@@ -365,24 +382,26 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
             if failures:
                 raise ConformanceFailure(failures)
 
-        budget = max_examples if max_examples is not None else base_settings.max_examples
+        example_budget = max_examples if max_examples is not None else base_settings.max_examples
         broken = False
-        while not broken and hunt.more(budget):
-            test = conformance_example
-            if hunt.round >= 0:  # a further round: the examples left, a seed of its own, no database replay
-                more = {"database": None, "derandomize": False, "max_examples": budget - hunt.spent}
-                test = settings(base_settings, **{**overrides, **more})(
-                    given(scenarios(caps, max_steps=PROFILES[profile]))(conformance_example.hypothesis.inner_test))
-                test = hypothesis_seed((seed or 0) * 1000 + hunt.round + 1)(test)
-            elif seed is not None:
-                test = hypothesis_seed(seed)(test)
-            hunt.begin(examples, builder.history)
-            broken = not _run_phase(test, writer)
-        if not broken and not first_failing and not builder.history.errors:  # nothing new failed: completion
-            complete(builder.history, conformance_example.hypothesis.inner_test,
-                     lambda test: _run_phase(test, writer), writer,
-                     settings(base_settings, **overrides), seed)
-        if not broken:  # each shrunk witness last again (a report keeps the last failure of a check)
+        with step_counts.counting(drawn):
+            while not broken and hunt.more(example_budget):
+                test = conformance_example
+                if hunt.round >= 0:  # a further round: the examples left, a seed of its own, no database replay
+                    more = {"database": None, "derandomize": False, "max_examples": example_budget - hunt.spent}
+                    test = settings(base_settings, **{**overrides, **more})(
+                        given(scenarios(caps, max_steps=PROFILES[profile]))(conformance_example.hypothesis.inner_test))
+                    test = hypothesis_seed((seed or 0) * 1000 + hunt.round + 1)(test)
+                elif seed is not None:
+                    test = hypothesis_seed(seed)(test)
+                hunt.begin(examples, builder.history)
+                broken = not _run_phase(test, writer)
+            runner.budget = None  # the shrink cap bounds the stream's shrinking, not what follows it
+            if not broken and not first_failing and not builder.history.errors:  # nothing new failed: completion
+                complete(builder.history, conformance_example.hypothesis.inner_test,
+                         lambda test: _run_phase(test, writer), writer,
+                         settings(base_settings, **overrides), seed)
+        if not builder.history.errors:  # each shrunk witness last again (a report keeps the last failure of a check)
             examples = hunt.rerun_witnesses(runner, examples)
         stopping.check()  # stopped before the run ended: INTERRUPTED, not a finished run
         closer(lambda cause: writer.append("error", cause=cause))
@@ -409,7 +428,8 @@ def run_suite(engine: Engine, *, engine_name: str, engine_args: Mapping[str, str
         history.errors.append(writer.write_error)
     analysis = known_mod.apply(history, analyse(history, names, known))
     outcome = RunOutcome(run_dir, analysis, time.monotonic() - started, examples, interrupted, calls.abandoned,
-                         first_failing=first_failing, closed=closer.closed, stop_code=stop_code)
+                         first_failing=first_failing, closed=closer.closed, stop_code=stop_code, seed=seed,
+                         shrink_capped=budget.spent, step_kinds=dict(drawn))
     try:
         decode = None if calls.abandoned else getattr(engine, "decode", None)  # a hung engine is not asked again
         write_report(run_dir, history, analysis, duration_s=outcome.duration_s, decode=decode)
@@ -448,8 +468,8 @@ def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> bool:
     False when the engine broke or an error was recorded: no further round then."""
     try:
         test()
-    except _EngineBroken:
-        return False  # already recorded as an `error` event
+    except (_EngineBroken, ShrinkTimeUp):
+        return False  # already recorded as an `error` event; or the shrink budget is spent (the witness stands)
     except (ConformanceFailure, AssertionError):
         pass  # recorded in the history; analysis below reports the shrunk witness
     except (KeyboardInterrupt, HistoryWriteError):

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Union
 from attrs import evolve, field, frozen
 from hypothesis import strategies as st
 
+from conformance import step_counts
 from conformance.contract import Capabilities, EosPath, Identity, Request, _tuple_of_ints
 
 MAX_PROMPT = 200
@@ -563,6 +564,7 @@ def draw_step(s: Stream, name: str) -> None:
     kind = STEP_KINDS[name]
     if not kind.applies(s):
         kind = STEP_KINDS["batch"]
+    step_counts.count(kind.name)
     items = kind.build(s)
     if items is not None:
         s.add_batch(items)

@@ -2,7 +2,7 @@
 through the CI profile, and measure how fast and how clearly the suite catches each one.
 
     kvparity fault-zoo [--faults a,b] [--seeds 0,1,2,3,4] [--out .kvparity/fault-zoo.md] [--max-examples N]
-                       [--report-dir DIR] [--no-control] [--shrink-seconds S | --no-shrink] [--notes FILE]
+                       [--report-dir DIR] [--no-control] [--max-shrink-seconds S | --no-shrink] [--notes FILE]
 
 Every fault is measured over several seeds (default 5): each seed is one run of the profile with that
 Hypothesis seed (derandomisation off, so each seed draws its own streams). For every fault: in how many
@@ -22,7 +22,6 @@ line on stderr, before any engine is built).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shlex
 import statistics
@@ -166,20 +165,6 @@ class ZooRun:
                 f"shrunk example and from the first failing one (the witness touching fewer blocks kept)")
 
 
-@contextlib.contextmanager
-def shrink_budget(seconds: float | None):
-    """Cap Hypothesis' shrinking time (its default is 300 s per failure)."""
-    from hypothesis.internal.conjecture import engine as conjecture
-
-    saved = conjecture.MAX_SHRINKING_SECONDS
-    if seconds is not None:
-        conjecture.MAX_SHRINKING_SECONDS = seconds
-    try:
-        yield
-    finally:
-        conjecture.MAX_SHRINKING_SECONDS = saved
-
-
 def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None = None,
             report_dir: str | Path | None = None, shrink: bool = True, shrink_seconds: float | None = 30,
             seed: int | None = None) -> ZooRow:
@@ -193,11 +178,11 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
         return ReferenceAdapter(**({"fault": fault} if fault else {}))
 
     engine = new_engine()
-    with tempfile.TemporaryDirectory() as db, shrink_budget(shrink_seconds):  # a fresh example database: no replay of old failures
+    with tempfile.TemporaryDirectory() as db:  # a fresh example database: no replay of old failures
         out = run_suite(engine, engine_name=f"reference-{fault or 'control'}",
                         engine_args={"fault": fault or "none"}, profile=profile,
                         report_dir=report_dir or Path(db) / "reports", max_examples=max_examples,
-                        database_dir=db, shrink=shrink, seed=seed,
+                        database_dir=db, shrink=shrink, seed=seed, max_shrink_seconds=shrink_seconds,
                         keep_looking=False)  # examples and time to the first failure, as measured
         history = load(out.run_dir / "history.jsonl")
     names = select_checks(None)
@@ -419,7 +404,8 @@ def build_parser() -> UsageParser:
     p.add_argument("--report-dir", default=None,
                    help="keep each run's suite report under this folder (default: a temporary folder, discarded)")
     shrinking = p.add_mutually_exclusive_group()
-    shrinking.add_argument("--shrink-seconds", type=positive_seconds, default=DEFAULT_SHRINK_SECONDS,
+    shrinking.add_argument("--max-shrink-seconds", "--shrink-seconds", dest="shrink_seconds", type=positive_seconds,
+                           default=DEFAULT_SHRINK_SECONDS,
                            help="shrinking budget per fault, seconds (bounded; Hypothesis' own default is 300 s)")
     shrinking.add_argument("--no-shrink", action="store_true",
                            help="stop at the first failure (its example is the witness): catch and check only")

@@ -1,5 +1,7 @@
-"""`kvparity export WITNESS.json --out FILE.py [--engine NAME]`: a standalone reproducer of a witness for
-the engine's own API, which does not import kvparity.
+"""`kvparity export WITNESS.json --out FILE.py [--engine NAME|module:Class] [--minimal]`: a standalone
+reproducer of a witness for the engine's own API, which does not import kvparity (for a `module:Class`
+adapter, adapters/commands/export/adapter.py: it imports the adapter's module); `--minimal` prints the
+steps and one assertion (minimal.py).
 
 To report a finding upstream, an engine developer should not have to install kvparity and trust its
 adapter. The script this writes drives the engine the way the adapter did (one module per engine here:
@@ -23,7 +25,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from adapters.commands.export.quoting import docstring, shown, string_literal
 from conformance.contract import UsageError
@@ -34,6 +36,10 @@ RUNTIME = Path(__file__).with_name("runtime.py")
 
 
 def exporter_for(engine: str):
+    if ":" in engine:  # a user's `module:Class` adapter, driven through the Engine contract
+        from adapters.commands.export.adapter import Exporter
+
+        return Exporter(engine)
     if engine not in EXPORTERS:
         raise UsageError(f"no reproducer exporter for engine {engine!r}; known: {', '.join(EXPORTERS)}")
     return importlib.import_module(EXPORTERS[engine])
@@ -111,8 +117,22 @@ def render(plan: dict, exporter, witness: str, args: dict | None = None, out: st
 
 def export(witness: str | os.PathLike, out: str | os.PathLike, engine: str | None = None,
            engine_args: dict[str, str] | None = None) -> Path:
-    """Write the reproducer of `witness` for `engine` (default: the witness's) to `out`; `engine_args`
-    override the witness's engine arguments (for another engine, they are its only ones)."""
+    """Write the reproducer of `witness` (see `plan_of`) to `out`."""
+    out = Path(out)
+    exporter, params, args = plan_of(witness, engine, engine_args, out)
+    source = render(params, exporter, str(witness), args, str(out))
+    compile(source, str(out), "exec")  # a template mistake is ours: never write a script that cannot run
+    out.write_text(source)
+    out.chmod(0o755)
+    return out
+
+
+def plan_of(witness: str | os.PathLike, engine: str | None, engine_args: dict[str, str] | None,
+            out: Path | None = None) -> tuple[Any, dict, dict[str, str]]:
+    """(exporter, plan, engine arguments) of `witness` for `engine` (default: the witness's; a registered
+    name or a `module:Class` the user names); `engine_args` override the witness's engine arguments (for
+    another engine, they are its only ones). `out`: where the script goes, for exporters that locate
+    files beside it (None: `--minimal` alone, no script)."""
     from adapters.commands.export import plan as plans
     from conformance.cli import read_witness
     from conformance.untrusted import refuse_remote_hosts
@@ -121,20 +141,15 @@ def export(witness: str | os.PathLike, out: str | os.PathLike, engine: str | Non
     named = raw.get("engine")
     target = engine or named
     exporter = exporter_for(str(target))
-    _, args, check, steps = read_witness(witness, None if engine is None or engine == named else engine)
+    _, args, check, steps = read_witness(witness, engine)  # an engine the user names may be module:Class
     if target != named:
         args = {}  # the witness's engine arguments belong to its own engine
     refuse_remote_hosts(args, engine_args or {}, str(witness))  # the script would send traffic there
     args = {**args, **(engine_args or {})}
-    out = Path(out)
     params = plans.build(witness, exporter, str(target), str(named), args, check, steps)
-    if hasattr(exporter, "locate"):
+    if hasattr(exporter, "locate") and out is not None:
         params["engine"].update(exporter.locate(out))
-    source = render(params, exporter, str(witness), args, str(out))
-    compile(source, str(out), "exec")  # a template mistake is ours: never write a script that cannot run
-    out.write_text(source)
-    out.chmod(0o755)
-    return out
+    return exporter, params, args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,9 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(prog="kvparity export", description="Write a standalone reproducer of a witness for the "
                     "engine's own API (it does not import kvparity).")
     p.add_argument("witness", help="a witness JSON file (a report's witnesses/ folder, reports/fault-zoo/witnesses/)")
-    p.add_argument("--out", required=True, help="the reproducer to write (FILE.py)")
-    p.add_argument("--engine", default=None, choices=list(EXPORTERS),
-                   help="engine to write it for (default: the engine the witness names)")
+    p.add_argument("--out", default=None, help="the reproducer to write (FILE.py); required unless --minimal")
+    p.add_argument("--minimal", action="store_true",
+                   help="print only the steps and one assertion (about 15 lines, for an upstream issue)")
+    p.add_argument("--engine", default=None,
+                   help=f"engine to write it for: {', '.join(EXPORTERS)} or a module:Class adapter "
+                        "(default: the engine the witness names)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
                    help="override an engine argument of the witness (e.g. fault=none), or give one for --engine; "
                         "a witness may only name loopback hosts, another machine is named here")
@@ -161,7 +179,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.engine_args = parse_engine_args(args.engine_arg)
     if not Path(args.witness).is_file():
         raise UsageError(f"no such witness file: {args.witness}")
-    output_file(args.out)
+    if args.out is None and not args.minimal:
+        raise UsageError("--out FILE.py is required (or --minimal, to print the steps and one assertion)")
+    if args.out is not None:
+        output_file(args.out)
     return args
 
 
@@ -172,6 +193,12 @@ def work(args: argparse.Namespace) -> int:
     from conformance.contract import EngineError
 
     try:
+        if args.minimal:
+            from adapters.commands.export.minimal import minimal
+
+            print(minimal(plan_of(args.witness, args.engine, args.engine_args)[1]), end="")
+            if args.out is None:
+                return 0
         out = export(args.witness, args.out, args.engine, args.engine_args)
     except (UsageError, EngineError) as exc:  # EngineError: an adapter built for its oracle failed
         print(f"kvparity export: error: {' '.join(str(exc).split())}", file=sys.stderr)
