@@ -15,17 +15,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from conformance.checks.common import lcp  # the prefix length the isolation check itself measures
+
 OUTPUT_CHECKS = ("parity", "history_independence", "spec_independence", "schedule_independence",
                  "eviction_safety")
-
-
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _request(q: dict[str, Any]) -> str:
@@ -56,8 +49,8 @@ def _assertion(plan: dict[str, Any]) -> str:
             continue
         for pos, q in enumerate(step["requests"]):
             where = f"b{step['index']}[{pos}]"
-            same = max((_lcp(q["prompt"], s) for k, s in seen if k == _key(q)), default=0)
-            other = max((_lcp(q["prompt"], s) for k, s in seen if k != _key(q)), default=0)
+            same = max((lcp(q["prompt"], s) for k, s in seen if k == _key(q)), default=0)
+            other = max((lcp(q["prompt"], s) for k, s in seen if k != _key(q)), default=0)
             if check == "isolation" and (other > same or not chosen):
                 chosen = {"line": f"assert {where}.cached_tokens <= {same}  # {q['id']} shares {same} leading "
                                   f"tokens with its own identity's earlier traffic ({other} with another's)"}
