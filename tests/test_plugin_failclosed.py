@@ -13,7 +13,6 @@ pytest with exit 0 and no output.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -21,21 +20,15 @@ import time
 from pathlib import Path
 
 import pytest
+from test_pytest_plugin import plugin_run as _plugin_run  # the one way to start the plugin afresh
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
 CHAOS = "chaos_engine:ChaosEngine"
 MACHINE = "test_engine_session_state_machine"
 
 
 def plugin_run(tmp_path: Path, *args: str, engine: str = CHAOS, timeout: float = 240) -> subprocess.CompletedProcess:
-    """The plugin in a fresh process in `tmp_path` (its own report dir, Hypothesis database, no cache)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "conformance", "--kvparity-engine", engine,
-           "--kvparity-report-dir", str(tmp_path / "runs"), "-p", "no:cacheprovider", "-p", "no:randomly",
-           "--rootdir", str(tmp_path), "-rA", *args]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    """The plugin in a fresh process in `tmp_path`, as tests/test_pytest_plugin.py starts it, on the chaos fake."""
+    return _plugin_run(tmp_path, *args, engine=engine, timeout=timeout)
 
 
 def chaos(tmp_path: Path, fault: str, *args: str) -> subprocess.CompletedProcess:

@@ -144,7 +144,7 @@ def test_the_users_own_engine_arg_replaces_a_remote_base_url(tmp_path, capsys, l
                                   {"base_url": "http://[::ffff:127.0.0.1]:1"}, {"base_url": ""},
                                   {"serve": "kvparity", "model": "/tmp/ckpt", "extra_body": '{"a": 1}'}])
 def test_loopback_and_hostless_arguments_pass(args):
-    untrusted.refuse_remote_hosts(args, {}, "w.json")
+    assert untrusted.refuse_remote_hosts(args, {}, "w.json") is None  # raises UsageError when it refuses
 
 
 @pytest.mark.parametrize("args", [{"host": "10.0.0.1"}, {"endpoint": "gpu-box:8000"}, {"base_url": "0.0.0.0:80"},
