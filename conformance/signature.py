@@ -4,7 +4,7 @@ Two failures with the same signature are the same bug; a known-findings file (`-
 waives failures by signature, and a run that goes on looking after its first failure (runner) shrinks
 each new signature on its own. So the signature must not change with the seed, the engine version or
 the witness Hypothesis happened to draw: it holds no seed, request id, token id, prompt length or count.
-It is built from what the root-cause story (grouping, report_story) says about a finding:
+It is built from what the root-cause story (grouping, conformance.report.story) says about a finding:
 
 - **check**: the most specific check that saw it (`Finding.check`);
 - **mechanism**: what was in play. A check that names its mechanism (speculation, cache state, eviction,

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from conformance.checks.common import chunked
 from conformance.grouping import Finding, cross_identity_reuse, epoch_evicted
 from conformance.history import Example, History, request_from
-from conformance.report_doc import Block, Cell, Code, Fold, Para, Table
+from conformance.report.doc import Block, Cell, Code, Fold, Para, Table
 from conformance.timeline import Step, find_line, timeline
 
 WINDOW_BEFORE, WINDOW_AFTER = 4, 6  # aligned positions shown around the first divergence
