@@ -20,7 +20,8 @@ from attrs import frozen
 
 from conformance.checks.common import lcp
 from conformance.contract import Identity
-from conformance.history import BatchRecord, Example, request_from
+from conformance.history import BatchRecord, Example
+from conformance.history_codec import request_from
 
 
 @frozen

@@ -16,7 +16,8 @@ import re
 from conformance.analysis import Analysis, analyse
 from conformance.contract import Baseline, Capabilities, Identity, Request, Result
 from conformance.grouping import group
-from conformance.history import HistoryWriter, History, oracle_key_str, parse
+from conformance.history import HistoryWriter, History, parse
+from conformance.history_codec import oracle_key_str
 from conformance.progress import Progress
 from conformance.report import report_html, report_md, results_json, write_report
 from conformance.report.coverage import bar_chart, counts_text

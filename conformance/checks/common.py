@@ -7,7 +7,8 @@ from typing import Any, Iterable, Mapping
 
 from conformance.contract import Capabilities, Identity, Request, Result
 from conformance.checks.registry import Findings
-from conformance.history import BatchRecord, History, encode
+from conformance.history import BatchRecord, History
+from conformance.history_codec import encode
 from conformance.oracle import DIVERGE, FINISH, NEAR_TIE, Comparison, compare
 
 

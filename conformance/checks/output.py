@@ -15,7 +15,8 @@ from conformance.checks.common import (batch_evicted, chunked, context_prose, di
                                        mechanisms, occurrences, request_json, vs_baseline)
 from conformance.checks.registry import Findings, check
 from conformance.contract import Capabilities, Request, Result
-from conformance.history import BatchRecord, History, oracle_key_str
+from conformance.history import BatchRecord, History
+from conformance.history_codec import oracle_key_str
 from conformance.oracle import NEAR_TIE, compare_pair
 from conformance.verdicts import CheckResult, Severity
 

@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping
 from attrs import frozen
 
 from conformance.contract import Capabilities
-from conformance.history import History, encode
+from conformance.history import History
+from conformance.history_codec import encode
 from conformance.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS, SKIP, CheckResult, Failure, Severity
 
 

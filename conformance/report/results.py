@@ -14,7 +14,8 @@ from typing import Any, Callable, Mapping
 
 from conformance.analysis import Analysis
 from conformance.grouping import Finding, group
-from conformance.history import History, encode
+from conformance.history import History
+from conformance.history_codec import encode
 from conformance.report.coverage import results_part
 from conformance.report.story import decode_texts, story, text_key
 from conformance.run_folder import write_text

@@ -21,7 +21,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from conformance.checks.common import chunked
 from conformance.grouping import Finding, cross_identity_reuse, epoch_evicted
-from conformance.history import Example, History, request_from
+from conformance.history import Example, History
+from conformance.history_codec import request_from
 from conformance.report.doc import Block, Cell, Code, Fold, Para, Table
 from conformance.timeline import Step, find_line, timeline
 
