@@ -95,7 +95,7 @@ def build(path: str | Path, exporter: ModuleType, target: str, named: str, args:
     from conformance.checks.common import caching_disabled, config_block_size
     from conformance.checks.hygiene import SNAPSHOT_AT_REST
     from conformance.history import oracle_key_str
-    from conformance.registry import load_engine
+    from conformance.engines import load_engine
     from conformance.strategies import Configure, Reset
 
     path = Path(path)
