@@ -11,7 +11,7 @@ from attrs import define, field
 from conformance.checks import CHECKS, run_check
 from conformance.contract import UsageError
 from conformance.history import Example, History
-from conformance.verdicts import ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, CheckResult, Failure, combine, overall
+from conformance.verdicts import ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, CheckResult, CheckFailure, combine, overall
 
 
 def select_checks(names: Iterable[str] | None) -> list[str]:
@@ -63,7 +63,7 @@ class Analysis:
         return EXIT_CODES[self.verdict]
 
     @property
-    def failures(self) -> list[Failure]:
+    def failures(self) -> list[CheckFailure]:
         return [f for r in self.checks.values() for f in r.failures]
 
     @property
@@ -110,11 +110,11 @@ def example_verdicts(history: History, example: Example, names: Sequence[str]) -
     return {name: run_check(CHECKS[name], view) for name in names}
 
 
-def failures_of(verdicts: Mapping[str, CheckResult]) -> list[Failure]:
+def failures_of(verdicts: Mapping[str, CheckResult]) -> list[CheckFailure]:
     return [f for r in verdicts.values() for f in r.failures]
 
 
-def example_failures(history: History, names: Sequence[str]) -> list[Failure]:
+def example_failures(history: History, names: Sequence[str]) -> list[CheckFailure]:
     """Failures of a one-example history (the state machine's invariant, the fault zoo's first failure)."""
     return [f for name in names for f in run_check(CHECKS[name], history).failures]
 

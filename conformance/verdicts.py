@@ -34,8 +34,9 @@ EXIT_CODES = {PASS: ExitCode.PASS, FAIL: ExitCode.FAIL, INCONCLUSIVE: ExitCode.I
 
 
 @frozen
-class Failure:
-    """One anomaly, schemathesis-style: a title, a severity, a bug class and a witness to replay.
+class CheckFailure:
+    """One failure record of one check (many may share a root: `conformance.grouping.RootCause`);
+    schemathesis-style: a title, a severity, a bug class and a witness to replay.
 
     `witness` is JSON-able: the offending request(s), expected vs got, the first divergent position and
     the baseline margin there. `explanation` is plain prose for an engine developer, not a stack trace.
@@ -60,7 +61,7 @@ class Failure:
                 "explanation": self.explanation, "example": self.example}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Failure":
+    def from_json(cls, d: Mapping[str, Any]) -> "CheckFailure":
         return cls(**{k: d[k] for k in ("check", "title", "severity", "bug_class", "case_id", "witness",
                                         "explanation")}, example=int(d.get("example", 0)))
 
@@ -71,7 +72,7 @@ class CheckResult:
 
     check: str
     status: str
-    failures: tuple[Failure, ...] = field(default=(), converter=tuple)
+    failures: tuple[CheckFailure, ...] = field(default=(), converter=tuple)
     notes: tuple[str, ...] = field(default=(), converter=tuple)
     stats: Mapping[str, int] = field(factory=dict)
 
@@ -80,12 +81,12 @@ class CheckResult:
             raise ValueError(f"unknown status {self.status!r}")
 
 
-def dedupe(failures: Iterable[Failure]) -> list[Failure]:
+def dedupe(failures: Iterable[CheckFailure]) -> list[CheckFailure]:
     """Keep one failure per dedupe key, the *last* one seen.
 
     Hypothesis replays the minimal failing example last, so "last wins" keeps the shrunk witness.
     """
-    by_key: dict[tuple[str, str], Failure] = {}
+    by_key: dict[tuple[str, str], CheckFailure] = {}
     for f in failures:
         by_key.pop(f.dedupe_key(), None)
         by_key[f.dedupe_key()] = f

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from conformance.contract import Capabilities, Identity, Request, Result
-from conformance.checks.registry import Findings
+from conformance.checks.registry import CheckRecorder
 from conformance.history import BatchRecord, History
 from conformance.history_codec import encode
 from conformance.oracle import DIVERGE, FINISH, NEAR_TIE, Comparison, compare
@@ -70,7 +70,7 @@ def context_prose(b: BatchRecord, r: Result) -> str:
     return "; ".join(bits)
 
 
-def vs_baseline(f: Findings, h: History, b: BatchRecord, i: int, q: Request, r: Result,
+def vs_baseline(f: CheckRecorder, h: History, b: BatchRecord, i: int, q: Request, r: Result,
                 title: str, why: str) -> None:
     """Compare one result against the oracle; record a near-tie or a failure."""
     base = h.baseline_for(q)

@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from conformance.analysis import Analysis
-from conformance.grouping import Finding, group
+from conformance.grouping import RootCause, group
 from conformance.history import History
 from conformance.history_codec import encode
 from conformance.report.coverage import results_part
 from conformance.report.story import decode_texts, story, text_key
 from conformance.run_folder import write_text
 from conformance.signature import signature
-from conformance.verdicts import Failure
+from conformance.verdicts import CheckFailure
 
 
-def witness_path(run_dir: Path, failure: Failure) -> Path:
+def witness_path(run_dir: Path, failure: CheckFailure) -> Path:
     return Path(run_dir) / "witnesses" / f"{failure.case_id}.json"
 
 
@@ -70,7 +70,7 @@ def replay_command(path: Path, engine: str | None = None) -> str:
 CARRIED = ("duration_s", "minimised", "process", "decoded")
 
 
-def findings_json(history: History, findings: list[Finding], witnesses: Mapping[str, Path],
+def findings_json(history: History, findings: list[RootCause], witnesses: Mapping[str, Path],
                   known: Any = None) -> list[dict]:
     """The grouped findings, each with its signature (conformance.signature), whether `--known` waived it,
     its story (timeline, divergence, reuse) and replay command."""

@@ -20,7 +20,7 @@ import json
 from typing import Any, Iterable, Mapping, Sequence
 
 from conformance.checks.common import chunked
-from conformance.grouping import Finding, cross_identity_reuse, epoch_evicted
+from conformance.grouping import RootCause, cross_identity_reuse, epoch_evicted
 from conformance.history import Example, History
 from conformance.history_codec import request_from
 from conformance.report.doc import Block, Cell, Code, Fold, Para, Table
@@ -83,7 +83,7 @@ def _mechanisms(history: History, ex: Example, batch: Any, request: Any) -> list
     return out
 
 
-def story(history: History, finding: Finding) -> dict[str, Any]:
+def story(history: History, finding: RootCause) -> dict[str, Any]:
     """The finding's timeline, focus request, divergence, KV reuse and mechanisms in play, as JSON."""
     f = finding.failure
     w = f.witness
