@@ -11,7 +11,8 @@ from attrs import define, field
 from conformance.checks import CHECKS, run_check
 from conformance.contract import UsageError
 from conformance.history import Example, History
-from conformance.verdicts import ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, CheckResult, CheckFailure, combine, overall
+from conformance.verdicts import (ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, CheckFailure, CheckResult, Status, combine,
+                                  overall)
 
 
 def select_checks(names: Iterable[str] | None) -> list[str]:
@@ -41,7 +42,7 @@ class Analysis:
     errors: list[str] = field(factory=list)
     known: Any = None  # conformance.known.KnownOutcome where the run had a known-findings file
 
-    def status(self, name: str) -> str:
+    def status(self, name: str) -> Status:
         """A check's status for the verdict: a failure whose every record is a known finding waived by
         `--known` (conformance.known) does not fail it."""
         r = self.checks[name]
@@ -50,7 +51,7 @@ class Analysis:
         return r.status
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Status:
         v = overall(attrs.evolve(r, status=self.status(n), failures=()) for n, r in self.checks.items())
         if self.known is not None and self.known.fails_run and v in (PASS, INCONCLUSIVE):
             v = FAIL  # `--strict-known`: a known finding that no longer occurs means the file is stale
