@@ -33,7 +33,7 @@ from attrs import frozen
 
 from conformance.analysis import Analysis
 from conformance.checks import CHECKS
-from conformance.checks.common import batch_evicted, is_cross_identity_attempt, mechanisms
+from conformance.history_facts import batch_evicted, is_cross_identity_attempt, mechanisms
 from conformance.history import BatchRecord, Example, History
 from conformance.oracle import DIVERGE, FINISH, compare
 from conformance.timeline import Line, find_line, timeline

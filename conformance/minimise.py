@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 from attrs import evolve
 
-from conformance.checks.common import config_block_size
+from conformance.history_facts import config_block_size
 from conformance.contract import Capabilities, Engine
 from conformance.history_codec import capabilities_from
 from conformance.run_folder import write_text

@@ -29,7 +29,7 @@ from attrs import frozen
 
 from conformance.analysis import Analysis
 from conformance.checks import CHECKS
-from conformance.checks.common import mechanisms
+from conformance.history_facts import mechanisms
 from conformance.grouping import RootCause, group
 from conformance.history import Example, History
 

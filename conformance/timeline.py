@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from attrs import frozen
 
-from conformance.checks.common import lcp
+from conformance.history_facts import lcp
 from conformance.contract import Identity
 from conformance.history import BatchRecord, Example
 from conformance.history_codec import request_from

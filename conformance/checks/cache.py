@@ -8,10 +8,11 @@ somewhere it must not (BUG_CLASSES A) or the count lies (E).
 
 from __future__ import annotations
 
-from conformance.checks.common import is_cross_identity_attempt, occurrences, request_json, reuse_scan, vs_baseline
+from conformance.checks.common import request_json, vs_baseline
 from conformance.checks.registry import CheckRecorder, check
 from conformance.contract import Request, Result
 from conformance.history import History
+from conformance.history_facts import is_cross_identity_attempt, occurrences, reuse_scan
 from conformance.verdicts import CheckResult, Severity
 
 

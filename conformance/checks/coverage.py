@@ -5,11 +5,12 @@ engine reports cached tokens at all (else the count, or the cache, is broken).""
 
 from __future__ import annotations
 
-from conformance.checks.common import (batch_evicted, caching_disabled, chunked, config_block_size,
-                                       is_cross_identity_attempt, request_json, reuse_scan)
 from conformance import situations
+from conformance.checks.common import request_json
 from conformance.checks.registry import CheckRecorder, check
 from conformance.history import History
+from conformance.history_facts import (batch_evicted, caching_disabled, chunked, config_block_size,
+                                       is_cross_identity_attempt, reuse_scan)
 from conformance.verdicts import FAIL, INCONCLUSIVE, PASS, CheckResult, Severity
 
 

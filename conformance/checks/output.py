@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
-from conformance.checks.common import (batch_evicted, chunked, context_prose, divergence_witness, knob_role,
-                                       mechanisms, occurrences, request_json, vs_baseline)
+from conformance.checks.common import context_prose, divergence_witness, request_json, vs_baseline
 from conformance.checks.registry import CheckRecorder, check
 from conformance.contract import Capabilities, Request, Result
 from conformance.history import BatchRecord, History
 from conformance.history_codec import oracle_key_str
+from conformance.history_facts import batch_evicted, chunked, knob_role, mechanisms, occurrences
 from conformance.oracle import NEAR_TIE, compare_pair
 from conformance.verdicts import CheckResult, Severity
 

@@ -19,7 +19,7 @@ import math
 from collections import Counter
 from typing import Any, Mapping
 
-from conformance.checks.common import occurrences
+from conformance.history_facts import occurrences
 from conformance.history import History
 from conformance.oracle import NEAR_TIE, compare
 from conformance.report.doc import Block, Heading, Para, Table

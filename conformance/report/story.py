@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
-from conformance.checks.common import chunked
+from conformance.history_facts import chunked
 from conformance.grouping import RootCause, cross_identity_reuse, epoch_evicted
 from conformance.history import Example, History
 from conformance.history_codec import request_from

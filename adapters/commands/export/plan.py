@@ -92,7 +92,7 @@ def _identity(q: Request) -> dict[str, Any]:
 def build(path: str | Path, exporter: ModuleType, target: str, named: str, args: Mapping[str, str],
           check: str, steps: list[Any]) -> dict[str, Any]:
     """The plan of witness `path` for engine `target` (whose exporter module is `exporter`)."""
-    from conformance.checks.common import caching_disabled, config_block_size
+    from conformance.history_facts import caching_disabled, config_block_size
     from conformance.checks.hygiene import SNAPSHOT_AT_REST
     from conformance.history import oracle_key_str
     from conformance.engines import load_engine
