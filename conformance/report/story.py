@@ -24,7 +24,7 @@ from conformance.grouping import RootCause, cross_identity_reuse, epoch_evicted
 from conformance.history import Example, History
 from conformance.history_codec import request_from
 from conformance.report.doc import Block, Cell, Code, Fold, Para, Table
-from conformance.timeline import Step, find_line, timeline
+from conformance.timeline import TimelineStep, find_line, timeline
 
 WINDOW_BEFORE, WINDOW_AFTER = 4, 6  # aligned positions shown around the first divergence
 MAX_LINES_PER_BATCH = 8  # a flood of 64 requests shows its first ones and the one that failed
@@ -89,7 +89,7 @@ def story(history: History, finding: RootCause) -> dict[str, Any]:
     w = f.witness
     req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
     ex = _example(history, f.example)
-    steps: list[Step] = timeline(ex) if ex is not None else []
+    steps: list[TimelineStep] = timeline(ex) if ex is not None else []
     line = find_line(steps, w.get("batch"), req.get("id"))
     reused = None
     if line is not None and line.other.tokens > 0:
