@@ -20,7 +20,7 @@ from conformance.history import HistoryWriter, History, parse
 from conformance.history_codec import oracle_key_str
 from conformance.progress import Progress
 from conformance.report import report_html, report_md, results_json, write_report
-from conformance.report.coverage import bar_chart, counts_text
+from conformance.report.exercised import bar_chart, counts_text
 from conformance.report.story import story
 
 CAPS = Capabilities(name="imagined", vocab_size=64, max_context=256, block_size=4, prefix_caching=True,

@@ -1,8 +1,8 @@
 """Rooms and names in `conformance/` (issue 27 item 5): a newcomer finds a concept by its module's name,
 and two different things never share one. Pinned here so that the next module does not grow past a
 reader's sitting, the next helper does not land in another room's module, and the next name does not
-collide: no module over 400 lines (an exception list that only shrinks), one module named
-`registry`, no two classes of `conformance/` with the same name or a name and its plural, the checks'
+collide: no module over 400 lines (an exception list that only shrinks), no two modules of
+`conformance/` with the same name and one module named `registry` in the project, no two classes of `conformance/` with the same name or a name and its plural, the checks'
 own helpers used only by checks, the report modules in one package, statuses as an enum that still
 reads as the same strings in every file kvparity writes."""
 
@@ -38,6 +38,15 @@ def test_the_exception_list_only_shrinks():
     stale = {name for name in OVER_THE_LIMIT
              if not (CONFORMANCE / name).exists() or _lines(CONFORMANCE / name) <= MAX_LINES}
     assert stale == set(), f"remove from OVER_THE_LIMIT: {sorted(stale)}"
+
+
+def test_no_two_modules_of_conformance_share_a_name():
+    """`checks/coverage.py` (the vacuity check) beside a report module also named coverage read as one."""
+    names: dict[str, list[str]] = {}
+    for p in sorted(CONFORMANCE.rglob("*.py")):
+        if p.name != "__init__.py":
+            names.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
+    assert {n: ps for n, ps in names.items() if len(ps) > 1} == {}
 
 
 def test_one_module_named_registry():

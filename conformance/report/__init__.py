@@ -5,7 +5,7 @@ is their one writer.
 A report says what a person needs to trust the verdict at a glance and to act on a failure: each check
 with what it checked in its own unit, the findings — failures grouped by root (`conformance.grouping`),
 each told as a story (`story`: timeline, aligned expected-vs-got tokens and text, whose KV was reused, the
-raw witness folded) with its replay command — and what the run exercised (`coverage`: situations reached
+raw witness folded) with its replay command — and what the run exercised (`exercised`: situations reached
 and not, identities and configurations drawn, margins). report.md and report.html are two renderings of
 the same blocks (`doc`, `sections`), built from results.json (`results`) alone; `junit` and `console`
 are the CI's and the terminal's views.

@@ -2,7 +2,7 @@
 
 A witness file (one per failure, under `witnesses/`) holds what `kvparity replay <path>` needs to re-run
 the failing example; results.json holds the verdicts, the grouped findings with their stories and replay
-commands, and what the run exercised (`conformance.report.coverage`). Renderings (`sections`, `junit`)
+commands, and what the run exercised (`conformance.report.exercised`). Renderings (`sections`, `junit`)
 read results.json alone, so a report re-rendered later needs no history.
 """
 
@@ -16,7 +16,7 @@ from conformance.analysis import Analysis
 from conformance.grouping import RootCause, group
 from conformance.history import History
 from conformance.history_codec import encode
-from conformance.report.coverage import results_part
+from conformance.report.exercised import results_part
 from conformance.report.story import decode_texts, story, text_key
 from conformance.run_folder import write_text
 from conformance.signature import signature

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from conformance.report.coverage import bar_chart, counts_text
-from conformance.report.coverage import blocks as coverage_blocks
+from conformance.report.exercised import bar_chart, counts_text
+from conformance.report.exercised import blocks as exercised_blocks
 from conformance.report.doc import Block, Bullets, Cell, Figure, Heading, Para, Section, Table, page, to_md
 from conformance.report.story import blocks as story_blocks
 
@@ -104,7 +104,7 @@ def report_blocks(results: Mapping[str, Any]) -> list[Block]:
         records = {f["case_id"]: f for c in results["checks"].values() for f in c["failures"]}
         out += [_finding(k, fd, texts, records) for k, fd in enumerate(findings, start=1)]
     out += known_blocks(results)
-    out += coverage_blocks(results)
+    out += exercised_blocks(results)
     if results["minimised"]:
         out += [Heading(2, "Minimised witnesses (`--minimise`)"),
                 Bullets([f"`{check}`: {line}" for check, line in results["minimised"].items()])]
