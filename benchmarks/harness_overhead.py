@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     from conformance.calls import EngineCalls
-    from conformance.registry import load_engine
+    from conformance.engines import load_engine
     from conformance.runner import run_suite
 
     engine = load_engine(args.engine)

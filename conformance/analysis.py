@@ -11,7 +11,8 @@ from attrs import define, field
 from conformance.checks import CHECKS, run_check
 from conformance.contract import UsageError
 from conformance.history import Example, History
-from conformance.verdicts import ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, CheckResult, Failure, combine, overall
+from conformance.verdicts import (ERROR, EXIT_CODES, FAIL, INCONCLUSIVE, PASS, CheckFailure, CheckResult, Status, combine,
+                                  overall)
 
 
 def select_checks(names: Iterable[str] | None) -> list[str]:
@@ -41,7 +42,7 @@ class Analysis:
     errors: list[str] = field(factory=list)
     known: Any = None  # conformance.known.KnownOutcome where the run had a known-findings file
 
-    def status(self, name: str) -> str:
+    def status(self, name: str) -> Status:
         """A check's status for the verdict: a failure whose every record is a known finding waived by
         `--known` (conformance.known) does not fail it."""
         r = self.checks[name]
@@ -50,7 +51,7 @@ class Analysis:
         return r.status
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Status:
         v = overall(attrs.evolve(r, status=self.status(n), failures=()) for n, r in self.checks.items())
         if self.known is not None and self.known.fails_run and v in (PASS, INCONCLUSIVE):
             v = FAIL  # `--strict-known`: a known finding that no longer occurs means the file is stale
@@ -63,7 +64,7 @@ class Analysis:
         return EXIT_CODES[self.verdict]
 
     @property
-    def failures(self) -> list[Failure]:
+    def failures(self) -> list[CheckFailure]:
         return [f for r in self.checks.values() for f in r.failures]
 
     @property
@@ -110,11 +111,11 @@ def example_verdicts(history: History, example: Example, names: Sequence[str]) -
     return {name: run_check(CHECKS[name], view) for name in names}
 
 
-def failures_of(verdicts: Mapping[str, CheckResult]) -> list[Failure]:
+def failures_of(verdicts: Mapping[str, CheckResult]) -> list[CheckFailure]:
     return [f for r in verdicts.values() for f in r.failures]
 
 
-def example_failures(history: History, names: Sequence[str]) -> list[Failure]:
+def example_failures(history: History, names: Sequence[str]) -> list[CheckFailure]:
     """Failures of a one-example history (the state machine's invariant, the fault zoo's first failure)."""
     return [f for name in names for f in run_check(CHECKS[name], history).failures]
 

@@ -185,7 +185,7 @@ def build_engine(name: str, engine_args: dict[str, str], timeout_s: float) -> An
     """Construct the adapter on the main thread (some engines install signal handlers, which only the
     main thread may), bounded by a watchdog."""
     from conformance.calls import watchdog
-    from conformance.registry import load_engine
+    from conformance.engines import load_engine
 
     with watchdog(timeout_s, f"building engine {name!r}"):
         return load_engine(name, engine_args)
@@ -208,7 +208,7 @@ def cmd_run(args: argparse.Namespace, session: Session) -> int:
     from conformance.analysis import select_checks
     from conformance.progress import Progress
     from conformance.report import print_summary
-    from conformance.registry import parse_engine_args, resolve
+    from conformance.engines import parse_engine_args, resolve
     from conformance.known import load as load_known
     from conformance.runner import new_run_dir, profile_settings, run_suite
 
@@ -336,7 +336,7 @@ def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, A
     """(engine name, engine args, check, steps) of a witness file. Nothing in the file chooses code to
     run: it may name a *registered* engine only; an unregistered `module:Class` is used only when the
     user names it with --engine."""
-    from conformance.registry import known_engines
+    from conformance.engines import known_engines
     from conformance.strategies import step_from_json
     from conformance.untrusted import read_json
 
@@ -422,7 +422,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_engines(args: argparse.Namespace) -> int:
-    from conformance.registry import known_engines
+    from conformance.engines import known_engines
 
     for name, target in known_engines().items():
         print(f"{name:14s} {target}")
@@ -445,7 +445,7 @@ def dispatch(argv: Sequence[str], session: Session) -> int:
         if args.command == "run":
             return cmd_run(args, session)
         if args.command == "replay":
-            from conformance.registry import parse_engine_args
+            from conformance.engines import parse_engine_args
 
             word, code, detail = replay_case(args.case, parse_engine_args(args.engine_arg), args.timeout,
                                              args.engine, session)

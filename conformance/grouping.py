@@ -33,11 +33,11 @@ from attrs import frozen
 
 from conformance.analysis import Analysis
 from conformance.checks import CHECKS
-from conformance.checks.common import batch_evicted, is_cross_identity_attempt, mechanisms
+from conformance.history_facts import batch_evicted, is_cross_identity_attempt, mechanisms
 from conformance.history import BatchRecord, Example, History
 from conformance.oracle import DIVERGE, FINISH, compare
 from conformance.timeline import Line, find_line, timeline
-from conformance.verdicts import FAIL, Failure
+from conformance.verdicts import FAIL, CheckFailure
 
 # Most specific first. A speculation, cache, eviction or schedule check names the mechanism; parity
 # says only that the output is wrong; `exercised`'s positive control says only that nothing was reused.
@@ -47,17 +47,17 @@ _SINGLE = {"cache": "history_independence", "spec": "spec_independence", "schedu
 
 
 @frozen
-class Finding:
-    """One root, listed under `check` (the most specific check that saw it); `failure` is the record
+class RootCause:
+    """A finding: the failure records of one root cause, grouped. One root, listed under `check` (the most specific check that saw it); `failure` is the record
     shown (that check's own where it kept one, else the most specific reporter's); `seen_by` every check
     that saw it, `check` first; `count` how many identical findings were folded into this one; `reasons`
     why it is listed where it is."""
 
     check: str
     title: str
-    failure: Failure
+    failure: CheckFailure
     seen_by: tuple[str, ...]
-    failures: tuple[Failure, ...]
+    failures: tuple[CheckFailure, ...]
     count: int = 1
     reasons: tuple[str, ...] = ()
 
@@ -80,7 +80,7 @@ class Finding:
                 "failures": [f.case_id for f in self.failures]}
 
 
-def root_key(f: Failure) -> tuple:
+def root_key(f: CheckFailure) -> tuple:
     """What a failure is about: (example, batch, request id) — or (example, batch) for a pool."""
     w = f.witness
     req = w.get("request")
@@ -116,7 +116,7 @@ def cross_identity_reuse(line: Line | None) -> bool | None:
     return line.same.tokens < line.cached_tokens <= line.other.tokens
 
 
-def implied_checks(history: History, f: Failure, chosen: Iterable[str]) -> set[str]:
+def implied_checks(history: History, f: CheckFailure, chosen: Iterable[str]) -> set[str]:
     """The checks that, by their definition, object to this request's output as well: it differs from
     plain decoding, so parity does; so does the independence check of the one mechanism in play, and
     eviction safety in an evicting epoch; isolation where another identity had sent its prefix first."""
@@ -144,7 +144,7 @@ def implied_checks(history: History, f: Failure, chosen: Iterable[str]) -> set[s
     return out & set(chosen)
 
 
-def _eligible(check: str, failures: Sequence[Failure], line: Line | None) -> bool:
+def _eligible(check: str, failures: Sequence[CheckFailure], line: Line | None) -> bool:
     """May `check` head the finding? Isolation only with evidence of reuse across identities."""
     if check != "isolation":
         return True
@@ -160,7 +160,7 @@ def _rank(check: str) -> int:
     return ORDER.index(check) if check in ORDER else len(ORDER)
 
 
-def _root(history: History, failures: list[Failure], chosen: Sequence[str]) -> Finding:
+def _root(history: History, failures: list[CheckFailure], chosen: Sequence[str]) -> RootCause:
     reporters = list(dict.fromkeys(f.check for f in failures))
     seen = set(reporters)
     for f in failures:
@@ -187,31 +187,31 @@ def _root(history: History, failures: list[Failure], chosen: Sequence[str]) -> F
     if not own:
         reasons.append(f"{check} compares this request by definition; the failure it kept (one per title) is "
                        f"another example's")
-    return Finding(check, title, shown, tuple(ordered), tuple(failures), 1, tuple(reasons))
+    return RootCause(check, title, shown, tuple(ordered), tuple(failures), 1, tuple(reasons))
 
 
-def _signature(f: Finding) -> tuple:
+def _signature(f: RootCause) -> tuple:
     w = f.failure.witness
     req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
     return (f.check, req.get("identity") and str(req.get("identity")), str(req.get("prompt")),
             w.get("first_divergent_position"), w.get("expected"), w.get("got"), w.get("cached_tokens"))
 
 
-def group(history: History, analysis: Analysis) -> list[Finding]:
+def group(history: History, analysis: Analysis) -> list[RootCause]:
     """The run's failures as findings, most severe and most specific first."""
     chosen = [n for n, r in analysis.checks.items() if r.status != "skip"]
     failed = {n for n, r in analysis.checks.items() if r.status == FAIL}
-    roots: dict[tuple, list[Failure]] = {}
+    roots: dict[tuple, list[CheckFailure]] = {}
     for f in analysis.failures:
         roots.setdefault(root_key(f), []).append(f)
     findings = [_root(history, fs, [c for c in chosen if c in failed or c in {x.check for x in fs}])
                 for fs in roots.values()]
-    folded: dict[tuple, Finding] = {}
+    folded: dict[tuple, RootCause] = {}
     for fd in findings:
         sig = _signature(fd)
         if sig in folded:
             old = folded[sig]
-            folded[sig] = Finding(old.check, old.title, old.failure, tuple(dict.fromkeys(old.seen_by + fd.seen_by)),
+            folded[sig] = RootCause(old.check, old.title, old.failure, tuple(dict.fromkeys(old.seen_by + fd.seen_by)),
                                   old.failures + fd.failures, old.count + fd.count, old.reasons)
         else:
             folded[sig] = fd

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from conformance.contract import EngineError
 from conformance.signature import example_signatures
-from conformance.verdicts import CheckResult, Failure
+from conformance.verdicts import CheckResult, CheckFailure
 
 _FAILURE_TYPES: dict[tuple[type, str], type] = {}
 
@@ -50,7 +50,7 @@ class Hunt:
         """The scenario the stream runs now (ScenarioRunner.on_run): kept as a signature's witness."""
         self._scenario = scenario
 
-    def failures_of(self, verdicts: Mapping[str, CheckResult]) -> list[Failure]:
+    def failures_of(self, verdicts: Mapping[str, CheckResult]) -> list[CheckFailure]:
         """The stream test's `failures_of`: an example's failures, or none when every signature among them
         is quiet (known, or found and shrunk in an earlier round): the example is recorded, the run goes
         on. Remembers the first new signature for `failure_for`."""
@@ -75,7 +75,7 @@ class Hunt:
         self._pending = new[0]
         return failures
 
-    def failure_for(self, failures: list[Failure]) -> AssertionError:
+    def failure_for(self, failures: list[CheckFailure]) -> AssertionError:
         """The stream test's `ConformanceFailure`: the exception of the signature `failures_of` found new,
         a type of its own, so Hypothesis shrinks each signature separately."""
         kind = self.failure if self._pending is None else failure_type(self.failure, self._pending)

@@ -28,9 +28,9 @@ from typing import Callable, Sequence
 
 from attrs import evolve
 
-from conformance.checks.common import config_block_size
+from conformance.history_facts import config_block_size
 from conformance.contract import Capabilities, Engine
-from conformance.history import capabilities_from
+from conformance.history_codec import capabilities_from
 from conformance.run_folder import write_text
 from conformance.runner import replay
 from conformance.strategies import MAX_NEW, Batch, Configure, Step, step_from_json, step_to_json

@@ -200,7 +200,7 @@ def near_ties(history: Any, calibration: Calibration | None = None) -> dict[str,
     check makes. Each distinct request (oracle key) counts once per feature: the suite sends the same
     request again and again (cold and warm, under each configuration), and a request whose plain
     decoding sits on a near-tie would otherwise count as many independent flips."""
-    from conformance.history import oracle_key_str
+    from conformance.history_codec import oracle_key_str
     from conformance.oracle import NEAR_TIE, compare
 
     caps = history.capabilities

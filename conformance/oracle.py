@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from attrs import frozen
 
 from conformance.contract import Baseline, Request
-from conformance.history import oracle_key_str
+from conformance.history_codec import oracle_key_str
 
 EQUAL, NEAR_TIE, DIVERGE, FINISH = "equal", "near_tie", "diverge", "finish"
 

@@ -154,9 +154,9 @@ def analysis_from_results(results: dict[str, Any]) -> Any:
     """An `Analysis` equal (for what the tests read: statuses, failures, notes, errors) to the one the
     run computed, from the `results.json` it wrote."""
     from conformance.analysis import Analysis
-    from conformance.verdicts import CheckResult, Failure
+    from conformance.verdicts import CheckResult, CheckFailure
 
-    checks = {name: CheckResult(name, c["status"], [Failure.from_json(f) for f in c.get("failures", [])],
+    checks = {name: CheckResult(name, c["status"], [CheckFailure.from_json(f) for f in c.get("failures", [])],
                                 c.get("notes", []), c.get("stats", {}))
               for name, c in results.get("checks", {}).items()}
     return Analysis(checks=checks, errors=list(results.get("errors", [])))

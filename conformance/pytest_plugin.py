@@ -89,7 +89,7 @@ def kvparity_options(request: pytest.FixtureRequest) -> dict[str, Any]:
     name = cfg.getoption("--kvparity-engine", default=None)
     if not name:
         pytest.skip("no --kvparity-engine given")
-    from conformance.registry import parse_engine_args
+    from conformance.engines import parse_engine_args
 
     return {"name": name, "args": parse_engine_args(cfg.getoption("--kvparity-engine-arg") or []),
             "profile": cfg.getoption("--kvparity-profile"), "report_dir": cfg.getoption("--kvparity-report-dir"),
@@ -103,7 +103,7 @@ def kvparity_options(request: pytest.FixtureRequest) -> dict[str, Any]:
 def kvparity_engine(kvparity_options: dict[str, Any]) -> Iterator[Any]:
     """The engine, built in this process, for a user's own tests. The suite's tests do not use it: they
     drive the engine in child processes (`conformance.plugin_runs`), where it cannot end the session."""
-    from conformance.registry import load_engine
+    from conformance.engines import load_engine
 
     engine = load_engine(kvparity_options["name"], kvparity_options["args"])
     try:

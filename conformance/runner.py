@@ -41,7 +41,7 @@ from conformance.progress import Progress
 from conformance.hunt import Hunt
 from conformance.shrink_budget import ShrinkBudget, ShrinkTimeUp
 from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
-from conformance.verdicts import CheckResult, Failure
+from conformance.verdicts import CheckResult, CheckFailure
 
 DEFAULT_REPORT_DIR = ".kvparity/runs"  # untracked (git-ignored): a user's run never writes into reports/
 
@@ -217,7 +217,7 @@ def replay(engine: Engine, caps: Capabilities, steps: Sequence[Step], check: str
 class ConformanceFailure(AssertionError):
     """Raised inside a Hypothesis example so the example shrinks; carries the failures found."""
 
-    def __init__(self, failures: list[Failure]) -> None:
+    def __init__(self, failures: list[CheckFailure]) -> None:
         self.failures = failures
         super().__init__("; ".join(f"[{f.check}] {f.title}" for f in failures[:5]))
 

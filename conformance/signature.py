@@ -4,9 +4,9 @@ Two failures with the same signature are the same bug; a known-findings file (`-
 waives failures by signature, and a run that goes on looking after its first failure (runner) shrinks
 each new signature on its own. So the signature must not change with the seed, the engine version or
 the witness Hypothesis happened to draw: it holds no seed, request id, token id, prompt length or count.
-It is built from what the root-cause story (grouping, report_story) says about a finding:
+It is built from what the root-cause story (grouping, conformance.report.story) says about a finding:
 
-- **check**: the most specific check that saw it (`Finding.check`);
+- **check**: the most specific check that saw it (`RootCause.check`);
 - **mechanism**: what was in play. A check that names its mechanism (speculation, cache state, eviction,
   a hit covering the prompt, the pool after a rollback, another identity's KV) *is* the mechanism; for
   the checks that do not (parity, accounting) it is the reuse mechanisms the engine reported for the
@@ -29,8 +29,8 @@ from attrs import frozen
 
 from conformance.analysis import Analysis
 from conformance.checks import CHECKS
-from conformance.checks.common import mechanisms
-from conformance.grouping import Finding, group
+from conformance.history_facts import mechanisms
+from conformance.grouping import RootCause, group
 from conformance.history import Example, History
 
 # The checks whose claim is about one mechanism: a failure of theirs names it, whatever else was in play.
@@ -72,7 +72,7 @@ def normalise(text: str) -> str:
     return _IN_PLAY.sub(r"output depends on \1", text)
 
 
-def _focus_mechanisms(history: History, finding: Finding) -> set[str]:
+def _focus_mechanisms(history: History, finding: RootCause) -> set[str]:
     """The reuse mechanisms the engine reported for the failing request (empty: not about one request)."""
     w = finding.failure.witness
     req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
@@ -84,7 +84,7 @@ def _focus_mechanisms(history: History, finding: Finding) -> set[str]:
     return next((mechanisms(b, r) for q, r in zip(b.requests, b.results) if q.id == req.get("id")), set())
 
 
-def _kind(finding: Finding) -> str | None:
+def _kind(finding: RootCause) -> str | None:
     for f in (finding.failure, *finding.failures):
         comparison = f.witness.get("comparison")
         if isinstance(comparison, Mapping) and comparison.get("kind") in _KINDS:
@@ -92,7 +92,7 @@ def _kind(finding: Finding) -> str | None:
     return None
 
 
-def mechanism(history: History, finding: Finding) -> str:
+def mechanism(history: History, finding: RootCause) -> str:
     """What was in play, in words that do not depend on the witness' sizes."""
     if finding.check in OWN_MECHANISM:
         return OWN_MECHANISM[finding.check]
@@ -107,12 +107,12 @@ def mechanism(history: History, finding: Finding) -> str:
 OUTPUT_CLAIMS = ("parity", "spec_independence", "history_independence", "schedule_independence", "eviction_safety")
 
 
-def signature(history: History, finding: Finding) -> Signature:
+def signature(history: History, finding: RootCause) -> Signature:
     title = CHECKS[finding.check].title if finding.check in OUTPUT_CLAIMS else finding.title
     return Signature(finding.check, mechanism(history, finding), normalise(title))
 
 
-def signed_findings(history: History, analysis: Analysis) -> list[tuple[Signature, Finding]]:
+def signed_findings(history: History, analysis: Analysis) -> list[tuple[Signature, RootCause]]:
     """The run's findings (grouped by root) with their signatures, in the report's order."""
     return [(signature(history, fd), fd) for fd in group(history, analysis)]
 

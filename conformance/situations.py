@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 from attrs import frozen
 
-from conformance.checks.common import (batch_evicted, chunked, config_block_size, cross_identity_threshold,
+from conformance.history_facts import (batch_evicted, chunked, config_block_size, cross_identity_threshold,
                                        is_cross_identity_attempt, lcp, reuse_scan)
 from conformance.contract import Capabilities
 from conformance.history import History

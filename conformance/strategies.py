@@ -776,7 +776,7 @@ def renamed(item: Union[Request, Continuation], new_id: str, top: int) -> Union[
 
 
 def step_to_json(step: Step) -> dict[str, Any]:
-    from conformance.history import encode
+    from conformance.history_codec import encode
 
     if isinstance(step, Configure):
         return {"step": "configure", "config": encode(dict(step.config))}
@@ -787,7 +787,7 @@ def step_to_json(step: Step) -> dict[str, Any]:
 
 def step_from_json(d: Mapping[str, Any]) -> Step:
     """Inverse of `step_to_json`; also reads the resolved steps `history.Example.steps()` returns."""
-    from conformance.history import identity_from, request_from
+    from conformance.history_codec import identity_from, request_from
 
     kind = d["step"]
     if kind == "configure":

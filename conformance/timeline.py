@@ -3,7 +3,7 @@
 A failure is only understood with what led to it: which earlier request warmed the prefix that was
 served, under which identity, how many tokens it shared, what the engine said it reused. The checks
 compute "the longest prefix shared with earlier traffic of the same / another identity" as numbers
-(`checks.common.reuse_scan`); the timeline says the same with names — the earlier request, its batch,
+(`history_facts.reuse_scan`); the timeline says the same with names — the earlier request, its batch,
 its identity — so a report can tell an engine developer *whose* KV was reused, and the grouping of
 findings can ask whether any cross-identity reuse happened at all.
 
@@ -18,9 +18,10 @@ from typing import Any, Iterable, Mapping
 
 from attrs import frozen
 
-from conformance.checks.common import lcp
+from conformance.history_facts import lcp
 from conformance.contract import Identity
-from conformance.history import BatchRecord, Example, request_from
+from conformance.history import BatchRecord, Example
+from conformance.history_codec import request_from
 
 
 @frozen
@@ -67,8 +68,9 @@ class Line:
 
 
 @frozen
-class Step:
-    """`kind`: "reset", "configure", "batch" (answered) or "failed" (submitted, never answered)."""
+class TimelineStep:
+    """One step of a told timeline (not a scenario's `strategies.Step`, which is what was drawn to send).
+    `kind`: "reset", "configure", "batch" (answered) or "failed" (submitted, never answered)."""
 
     kind: str
     batch: int | None = None
@@ -93,9 +95,9 @@ def _best(prompt: tuple[int, ...], seen: Iterable[tuple[Identity, tuple[int, ...
     return best
 
 
-def timeline(example: Example) -> list[Step]:
+def timeline(example: Example) -> list[TimelineStep]:
     """Every step of `example` in order, each request with its prefix provenance and its result."""
-    steps: list[Step] = []
+    steps: list[TimelineStep] = []
     answered = {b.index: b for b in example.batches}
     seen: list[tuple[Identity, tuple[int, ...], str, int]] = []
     epoch, config, n_batch = 0, {}, 0
@@ -104,10 +106,10 @@ def timeline(example: Example) -> list[Step]:
         if kind == "reset":
             epoch += 1
             seen = []
-            steps.append(Step("reset", epoch=epoch))
+            steps.append(TimelineStep("reset", epoch=epoch))
         elif kind == "configure":
             config = dict(raw.get("config") or {})
-            steps.append(Step("configure", config=config, epoch=epoch))
+            steps.append(TimelineStep("configure", config=config, epoch=epoch))
         elif kind == "batch":
             record: BatchRecord | None = answered.get(n_batch)
             requests = record.requests if record is not None else [request_from(r) for r in raw.get("requests", ())]
@@ -125,14 +127,14 @@ def timeline(example: Example) -> list[Step]:
                 seen.append((q.identity, q.prompt, q.id, n_batch))
                 if r is not None:
                     seen.append((q.identity, q.prompt + tuple(r.output), q.id, n_batch))
-            steps.append(Step("batch" if record is not None else "failed", batch=n_batch, config=config,
-                              lines=tuple(lines), epoch=epoch))
+            steps.append(TimelineStep("batch" if record is not None else "failed", batch=n_batch,
+                                      config=config, lines=tuple(lines), epoch=epoch))
             if record is not None:
                 n_batch += 1
     return steps
 
 
-def find_line(steps: Iterable[Step], batch: int | None, request: str | None) -> Line | None:
+def find_line(steps: Iterable[TimelineStep], batch: int | None, request: str | None) -> Line | None:
     """The timeline line of request `request` in answered batch `batch`."""
     for s in steps:
         if s.batch == batch and s.kind == "batch":

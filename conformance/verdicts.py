@@ -14,7 +14,31 @@ from attrs import field, frozen
 
 from conformance.exit_codes import ExitCode
 
-PASS, FAIL, INCONCLUSIVE, ERROR, SKIP = "pass", "fail", "inconclusive", "error", "skip"
+
+class Status(str, Enum):
+    """A check's verdict over a history, and a run's (`overall`). A `str` Enum so that results.json,
+    junit.xml, the status file and every comparison with a status read back from JSON keep the same
+    plain strings ("pass", "fail", ...): a member equals, hashes and formats as its value."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+    ERROR = "error"
+    SKIP = "skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PASS, FAIL, INCONCLUSIVE, ERROR, SKIP = Status.PASS, Status.FAIL, Status.INCONCLUSIVE, Status.ERROR, Status.SKIP
+
+
+def _status(value: Any) -> Status:
+    """A status given as a member or as its string (read back from results.json); anything else is refused."""
+    try:
+        return Status(value)
+    except ValueError:
+        raise ValueError(f"unknown status {value!r}") from None
 
 
 class Severity(str, Enum):
@@ -28,14 +52,15 @@ class Severity(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-STATUSES = (PASS, FAIL, INCONCLUSIVE, ERROR, SKIP)
+STATUSES = tuple(Status)
 EXIT_CODES = {PASS: ExitCode.PASS, FAIL: ExitCode.FAIL, INCONCLUSIVE: ExitCode.INCONCLUSIVE, ERROR: ExitCode.ERROR,
               SKIP: ExitCode.PASS}
 
 
 @frozen
-class Failure:
-    """One anomaly, schemathesis-style: a title, a severity, a bug class and a witness to replay.
+class CheckFailure:
+    """One failure record of one check (many may share a root: `conformance.grouping.RootCause`);
+    schemathesis-style: a title, a severity, a bug class and a witness to replay.
 
     `witness` is JSON-able: the offending request(s), expected vs got, the first divergent position and
     the baseline margin there. `explanation` is plain prose for an engine developer, not a stack trace.
@@ -60,7 +85,7 @@ class Failure:
                 "explanation": self.explanation, "example": self.example}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Failure":
+    def from_json(cls, d: Mapping[str, Any]) -> "CheckFailure":
         return cls(**{k: d[k] for k in ("check", "title", "severity", "bug_class", "case_id", "witness",
                                         "explanation")}, example=int(d.get("example", 0)))
 
@@ -70,22 +95,20 @@ class CheckResult:
     """A check's answer over one history. `stats` carries counts (compared, near_ties, hits ...)."""
 
     check: str
-    status: str
-    failures: tuple[Failure, ...] = field(default=(), converter=tuple)
+    status: Status = field(converter=_status)
+    failures: tuple[CheckFailure, ...] = field(default=(), converter=tuple)
     notes: tuple[str, ...] = field(default=(), converter=tuple)
     stats: Mapping[str, int] = field(factory=dict)
 
-    def __attrs_post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"unknown status {self.status!r}")
 
 
-def dedupe(failures: Iterable[Failure]) -> list[Failure]:
+
+def dedupe(failures: Iterable[CheckFailure]) -> list[CheckFailure]:
     """Keep one failure per dedupe key, the *last* one seen.
 
     Hypothesis replays the minimal failing example last, so "last wins" keeps the shrunk witness.
     """
-    by_key: dict[tuple[str, str], Failure] = {}
+    by_key: dict[tuple[str, str], CheckFailure] = {}
     for f in failures:
         by_key.pop(f.dedupe_key(), None)
         by_key[f.dedupe_key()] = f
@@ -117,7 +140,7 @@ def combine(check: str, results: Iterable[CheckResult]) -> CheckResult:
     return CheckResult(check, status, failures, notes[:20], stats)
 
 
-def overall(results: Iterable[CheckResult]) -> str:
+def overall(results: Iterable[CheckResult]) -> Status:
     """The run's verdict: the worst of its checks, in the order fail > error > inconclusive > pass."""
     statuses = {r.status for r in results}
     for status in (FAIL, ERROR, INCONCLUSIVE):

@@ -13,7 +13,8 @@ import pytest
 from conformance.analysis import analyse
 from conformance.checks import CHECKS, run_check
 from conformance.contract import Baseline, Capabilities, Identity, Landmarks, Request, Result, evolve
-from conformance.history import HistoryWriter, oracle_key_str, parse
+from conformance.history import HistoryWriter, parse
+from conformance.history_codec import oracle_key_str
 
 CAPS = Capabilities(name="crafted", vocab_size=64, max_context=256, eos_id=3, block_size=4, prefix_caching=True,
                     reports_cached_tokens=True, speculation=True, reports_drafts=True, chunked_prefill=True,

@@ -17,7 +17,7 @@ import pytest
 from conformance.cli import main
 from conformance.minimise import size
 from conformance.strategies import step_from_json
-from conformance.registry import load_engine, parse_engine_args
+from conformance.engines import load_engine, parse_engine_args
 from conformance.contract import UsageError
 
 FAKE = "fake_engine:FakeDictEngine"

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 
 from conformance.analysis import analyse
 from conformance.contract import Baseline, Capabilities, Identity, Request, Result
-from conformance.history import (HistoryWriter, baseline_from, NotAHistory, capabilities_from, encode, load, read_events, request_from,
-                                 result_from)
+from conformance.history import HistoryWriter, NotAHistory, load, read_events
+from conformance.history_codec import baseline_from, capabilities_from, encode, request_from, result_from
 from conformance.oracle import DIVERGE, EQUAL, FINISH, NEAR_TIE, Oracle, compare, compare_pair
 from conformance.strategies import (adapter_bindings, Batch, Configure, Continuation, all_identities, max_prompt_len, scenarios,
                                     step_from_json, step_to_json, token_range)

@@ -10,7 +10,7 @@ import json
 from conformance.completion import COMPLETION_EXAMPLES, increments, ranked_values
 from conformance.contract import Result
 from conformance.history import load
-from conformance.registry import load_engine
+from conformance.engines import load_engine
 from conformance.runner import run_suite
 from conformance.situations import SITUATIONS, coverage, missing
 from fake_engine import FakeDictEngine

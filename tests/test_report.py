@@ -16,11 +16,12 @@ import re
 from conformance.analysis import Analysis, analyse
 from conformance.contract import Baseline, Capabilities, Identity, Request, Result
 from conformance.grouping import group
-from conformance.history import HistoryWriter, History, oracle_key_str, parse
+from conformance.history import HistoryWriter, History, parse
+from conformance.history_codec import oracle_key_str
 from conformance.progress import Progress
 from conformance.report import report_html, report_md, results_json, write_report
-from conformance.report_coverage import bar_chart, counts_text
-from conformance.report_story import story
+from conformance.report.exercised import bar_chart, counts_text
+from conformance.report.story import story
 
 CAPS = Capabilities(name="imagined", vocab_size=64, max_context=256, block_size=4, prefix_caching=True,
                     reports_cached_tokens=True, speculation=True, reports_drafts=True, identities={"salt"},

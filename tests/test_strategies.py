@@ -7,7 +7,7 @@ from attrs import evolve
 from hypothesis import HealthCheck, find, given, settings
 
 from conformance.contract import Capabilities, Landmarks, NearTie
-from conformance.history import capabilities_from, encode
+from conformance.history_codec import capabilities_from, encode
 from conformance.strategies import Batch, Configure, Continuation, scenarios
 
 CAPS = Capabilities(name="fake-limits", vocab_size=512, max_context=1024, block_size=16,

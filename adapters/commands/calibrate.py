@@ -55,7 +55,7 @@ HISTOGRAM_EDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, math.
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    from conformance.registry import parse_engine_args, resolve
+    from conformance.engines import parse_engine_args, resolve
 
     p = UsageParser(prog="kvparity calibrate", description="Measure an engine's numerical noise floor (tau).")
     p.add_argument("--engine", required=True, help="adapter name (see `kvparity engines`) or module:Class")

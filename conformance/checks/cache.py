@@ -8,16 +8,17 @@ somewhere it must not (BUG_CLASSES A) or the count lies (E).
 
 from __future__ import annotations
 
-from conformance.checks.common import is_cross_identity_attempt, occurrences, request_json, reuse_scan, vs_baseline
-from conformance.checks.registry import Findings, check
+from conformance.checks.common import request_json, vs_baseline
+from conformance.checks.registry import CheckRecorder, check
 from conformance.contract import Request, Result
 from conformance.history import History
+from conformance.history_facts import is_cross_identity_attempt, occurrences, reuse_scan
 from conformance.verdicts import CheckResult, Severity
 
 
 @check(title="KV never serves another identity", severity=Severity.CRITICAL, bug_class="A",
        applies=lambda c: c.reports_cached_tokens or bool(c.identities))
-def isolation(h: History, f: Findings) -> CheckResult:
+def isolation(h: History, f: CheckRecorder) -> CheckResult:
     """Cached tokens <= prefix shared with the same identity; cross-identity poisoning never changes output."""
     for b, i, q, r, same, other in reuse_scan(h):
         if r.cached_tokens is not None:
@@ -46,7 +47,7 @@ def isolation(h: History, f: Findings) -> CheckResult:
 
 @check(title="a hit never covers the whole prompt", severity=Severity.HIGH, bug_class="B",
        applies=lambda c: c.reports_cached_tokens)
-def prefix_only(h: History, f: Findings) -> CheckResult:
+def prefix_only(h: History, f: CheckRecorder) -> CheckResult:
     """cached <= Lin - 1: the last prompt token is always computed, so a hit never skips generation."""
     for b, i, q, r in occurrences(h):
         if r.cached_tokens:
@@ -89,7 +90,7 @@ def _accounting_problems(q: Request, r: Result, eos: int | None) -> list[tuple[s
 
 
 @check(title="reported counts are consistent with outputs", severity=Severity.MEDIUM, bug_class="E")
-def accounting(h: History, f: Findings) -> CheckResult:
+def accounting(h: History, f: CheckRecorder) -> CheckResult:
     """Reported cached/accepted counts and finish reasons are consistent with outputs and each other."""
     eos = h.capabilities.eos_id if h.capabilities else None
     for b in h.batches():

@@ -1,44 +1,18 @@
-"""What several checks share: walking a history's results, comparing one against the oracle, and the
-facts a result or a configuration carries (chunked? evicted? which knob role differs?)."""
+"""What several checks share and nothing outside the checks needs: comparing one result against the
+oracle and saying what diverged, with its witness and its context in prose. The facts of a history the
+checks share with the rest of kvparity (chunked? evicted? what was cacheable?) are
+`conformance.history_facts`."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
-from conformance.contract import Capabilities, Identity, Request, Result
-from conformance.checks.registry import Findings
-from conformance.history import BatchRecord, History, encode
+from conformance.checks.registry import CheckRecorder
+from conformance.contract import Request, Result
+from conformance.history import BatchRecord, History
+from conformance.history_codec import encode
+from conformance.history_facts import chunked
 from conformance.oracle import DIVERGE, FINISH, NEAR_TIE, Comparison, compare
-
-
-def lcp(a: Iterable[int], b: Iterable[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def chunked(result: Result) -> bool:
-    return (result.prefill_chunks or 0) > 1
-
-
-def knob_role(caps: Capabilities | None, knob: str) -> str:
-    """The claim a difference in `knob` tests, as the engine declared it (validated at the boundary)."""
-    return (caps.knob_roles.get(knob) if caps else None) or "schedule"
-
-
-def mechanisms(b: BatchRecord, r: Result) -> set[str]:
-    """Which reuse mechanisms were active for one result, as far as the engine reported them."""
-    active = set()
-    if r.cached_tokens:
-        active.add("cache")
-    if r.draft_proposed:
-        active.add("spec")
-    if chunked(r) or len(b.requests) > 1 or r.preempted:
-        active.add("schedule")
-    return active
 
 
 def request_json(q: Request) -> dict[str, Any]:
@@ -69,7 +43,7 @@ def context_prose(b: BatchRecord, r: Result) -> str:
     return "; ".join(bits)
 
 
-def vs_baseline(f: Findings, h: History, b: BatchRecord, i: int, q: Request, r: Result,
+def vs_baseline(f: CheckRecorder, h: History, b: BatchRecord, i: int, q: Request, r: Result,
                 title: str, why: str) -> None:
     """Compare one result against the oracle; record a near-tie or a failure."""
     base = h.baseline_for(q)
@@ -87,75 +61,3 @@ def vs_baseline(f: Findings, h: History, b: BatchRecord, i: int, q: Request, r: 
                divergence_witness(b, i, q, r, c, base.output))
 
 
-def occurrences(h: History) -> Iterable[tuple[BatchRecord, int, Request, Result]]:
-    for b in h.batches():
-        for i, q, r in b.pairs():
-            if r.finish_reason != "abort":
-                yield b, i, q, r
-
-
-def batch_evicted(b: BatchRecord) -> bool:
-    """Did this batch evict? Evidence: a result's `evictions` > 0, or snapshot["evictions"] (a running
-    counter) grew since the snapshot before the batch (taken after a reset or the previous batch)."""
-    if any((r.evictions or 0) > 0 for r in b.results):
-        return True
-    after = (b.snapshot or {}).get("evictions")
-    return after is not None and b.evictions_before is not None and int(after) > b.evictions_before
-
-
-def reuse_scan(h: History) -> Iterable[tuple[BatchRecord, int, Request, Result, int, int]]:
-    """Walk every result with what earlier traffic made cacheable.
-
-    Yields (batch, i, request, result, same, other) where `same` is the longest prefix shared with
-    earlier same-identity traffic in this example's cache epoch and `other` the longest shared with
-    traffic of a different identity. Earlier requests of the same batch count (arrival order); for
-    `same`, so do the batch's later ones: an engine that serves concurrent requests may take them in
-    another order (an HTTP server does), and KV shared within one identity is never a leak.
-    """
-    for ex in h.examples:
-        seen: list[tuple[Identity, tuple[int, ...]]] = []
-        epoch = None
-        for b in ex.batches:
-            if b.epoch != epoch:
-                seen, epoch = [], b.epoch
-            for i, q, r in b.pairs():
-                later = [p.prompt for p in b.requests[i + 1:] if p.identity == q.identity]
-                same = max([lcp(q.prompt, s) for ident, s in seen if ident == q.identity]
-                           + [lcp(q.prompt, s) for s in later], default=0)
-                other = max((lcp(q.prompt, s) for ident, s in seen if ident != q.identity), default=0)
-                yield b, i, q, r, same, other
-                seen.append((q.identity, q.prompt))
-                seen.append((q.identity, q.prompt + tuple(r.output)))
-
-
-def cross_identity_threshold(caps: Capabilities | None) -> int:
-    """How many leading tokens another identity must have sent for a request to count as a cross-identity
-    attempt: enough that a wrongly shared cache *could* hit (a full block, and the engine's shortest hit)."""
-    if caps is None:
-        return 1
-    return max(1, caps.block_size, caps.min_hit_prompt - 1)
-
-
-def is_cross_identity_attempt(same: int, other: int, caps: Capabilities | None) -> bool:
-    return other >= cross_identity_threshold(caps) and other > same
-
-
-def caching_disabled(caps: Capabilities | None, config: Mapping[str, Any]) -> bool:
-    """Does `config` switch prefix caching off (a value the engine listed in `prefix_caching_off`)?"""
-    if caps is None:
-        return False
-    off = {k: {str(v).lower() for v in vs} for k, vs in caps.prefix_caching_off.items()}
-    return any(str(v).lower() in off.get(k, ()) for k, v in config.items())
-
-
-def config_block_size(config: Mapping[str, Any], default: int) -> int:
-    """The block size a configuration sets (a knob named like "block_size"), else the declared one:
-    `Capabilities.block_size` describes the default configuration, and a prompt that surely hits at
-    block size 16 may be shorter than one block of 32."""
-    for k, v in config.items():
-        if "block_size" in k.lower():
-            try:
-                return max(default, int(v))
-            except (TypeError, ValueError):
-                pass
-    return default

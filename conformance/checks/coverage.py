@@ -5,16 +5,17 @@ engine reports cached tokens at all (else the count, or the cache, is broken).""
 
 from __future__ import annotations
 
-from conformance.checks.common import (batch_evicted, caching_disabled, chunked, config_block_size,
-                                       is_cross_identity_attempt, request_json, reuse_scan)
 from conformance import situations
-from conformance.checks.registry import Findings, check
+from conformance.checks.common import request_json
+from conformance.checks.registry import CheckRecorder, check
 from conformance.history import History
+from conformance.history_facts import (batch_evicted, caching_disabled, chunked, config_block_size,
+                                       is_cross_identity_attempt, reuse_scan)
 from conformance.verdicts import FAIL, INCONCLUSIVE, PASS, CheckResult, Severity
 
 
 @check(title="the run exercised every claimed capability", severity=Severity.MEDIUM, bug_class="E", scope="run")
-def exercised(h: History, f: Findings) -> CheckResult:
+def exercised(h: History, f: CheckRecorder) -> CheckResult:
     """Vacuity guard and positive control: claimed-but-never-exercised capabilities make the run inconclusive."""
     caps = h.capabilities
     if caps is None:
@@ -64,7 +65,7 @@ def exercised(h: History, f: Findings) -> CheckResult:
     return CheckResult(f.spec.name, status, f.failures, f.notes, dict(f.stats))
 
 
-def _positive_control(f: Findings, h: History) -> None:
+def _positive_control(f: CheckRecorder, h: History) -> None:
     """A same-identity exact repeat of a long-enough prompt, in a later batch of the same cache epoch and
     configuration, with no eviction in between, must report a hit."""
     caps = h.capabilities

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from conformance.checks.common import context_prose, request_json
-from conformance.checks.registry import Findings, check
+from conformance.checks.registry import CheckRecorder, check
 from conformance.history import History
 from conformance.verdicts import CheckResult, Severity
 
@@ -18,7 +18,7 @@ SNAPSHOT_AT_REST = {"blocks_in_use": 0, "provisional_live": 0, "rejected_in_cach
 
 @check(title="pool returns to its base after every batch", severity=Severity.HIGH, bug_class="C",
        applies=lambda c: c.introspection)
-def rollback_hygiene(h: History, f: Findings) -> CheckResult:
+def rollback_hygiene(h: History, f: CheckRecorder) -> CheckResult:
     """(white-box) No provisional or rejected KV survives a batch; the pool returns to its base. Also
     after a batch the engine failed: a leak often ends in a stall, and its snapshot names the leak."""
     for b in h.batches():

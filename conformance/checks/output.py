@@ -11,17 +11,18 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
-from conformance.checks.common import (batch_evicted, chunked, context_prose, divergence_witness, knob_role,
-                                       mechanisms, occurrences, request_json, vs_baseline)
-from conformance.checks.registry import Findings, check
+from conformance.checks.common import context_prose, divergence_witness, request_json, vs_baseline
+from conformance.checks.registry import CheckRecorder, check
 from conformance.contract import Capabilities, Request, Result
-from conformance.history import BatchRecord, History, oracle_key_str
+from conformance.history import BatchRecord, History
+from conformance.history_codec import oracle_key_str
+from conformance.history_facts import batch_evicted, chunked, knob_role, mechanisms, occurrences
 from conformance.oracle import NEAR_TIE, compare_pair
 from conformance.verdicts import CheckResult, Severity
 
 
 @check(title="output equals plain greedy decoding", severity=Severity.HIGH, bug_class="B")
-def parity(h: History, f: Findings) -> CheckResult:
+def parity(h: History, f: CheckRecorder) -> CheckResult:
     """Every output equals the oracle's (tie-aware)."""
     for b, i, q, r in occurrences(h):
         vs_baseline(f, h, b, i, q, r, "output differs from plain greedy decoding",
@@ -44,7 +45,7 @@ def _pair_role(caps: Capabilities | None, b1: BatchRecord, i1: int, b2: BatchRec
     return "history_independence"
 
 
-def _independence(f: Findings, h: History, single: Callable[[BatchRecord, Result], bool], what: str) -> CheckResult:
+def _independence(f: CheckRecorder, h: History, single: Callable[[BatchRecord, Result], bool], what: str) -> CheckResult:
     """Shared body: pairs of runs of the same oracle key attributed to this check, plus single results
     whose mechanism (cache hit / accepted draft / chunking or batching) was active, compared to the oracle."""
     name = f.spec.name
@@ -84,7 +85,7 @@ def _independence(f: Findings, h: History, single: Callable[[BatchRecord, Result
 
 @check(title="output does not depend on earlier traffic", severity=Severity.HIGH, bug_class="B",
        applies=lambda c: c.prefix_caching)
-def history_independence(h: History, f: Findings) -> CheckResult:
+def history_independence(h: History, f: CheckRecorder) -> CheckResult:
     """Output does not depend on earlier traffic (cold vs warm cache)."""
     return _independence(f, h, lambda b, r: bool(r.cached_tokens), "cache state")
 
@@ -95,13 +96,13 @@ def _spec_applies(c: Capabilities) -> bool:
 
 @check(title="output does not depend on the drafter, k or speculation on/off", severity=Severity.HIGH,
        bug_class="C", applies=_spec_applies)
-def spec_independence(h: History, f: Findings) -> CheckResult:
+def spec_independence(h: History, f: CheckRecorder) -> CheckResult:
     """Output does not depend on the drafter, k, or whether speculation is on."""
     return _independence(f, h, lambda b, r: bool(r.draft_proposed), "speculation")
 
 
 @check(title="output does not depend on scheduling", severity=Severity.HIGH, bug_class="D")
-def schedule_independence(h: History, f: Findings) -> CheckResult:
+def schedule_independence(h: History, f: CheckRecorder) -> CheckResult:
     """Output does not depend on chunk size, token budget, batch composition or arrival order."""
     return _independence(f, h, lambda b, r: chunked(r) or len(b.requests) > 1 or bool(r.preempted),
                          "scheduling (chunking, batching, arrival order)")
@@ -109,7 +110,7 @@ def schedule_independence(h: History, f: Findings) -> CheckResult:
 
 @check(title="output unchanged when blocks are evicted and reused", severity=Severity.HIGH, bug_class="D",
        applies=lambda c: c.evicts)
-def eviction_safety(h: History, f: Findings) -> CheckResult:
+def eviction_safety(h: History, f: CheckRecorder) -> CheckResult:
     """Output unchanged when the cache is too small and blocks are evicted and reused."""
     for ex in h.examples:
         evicted_epoch = None

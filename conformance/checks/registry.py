@@ -1,6 +1,6 @@
 """The check registry: each check is a named pure function over a recorded history (schemathesis'
 `core/registries.py` shape). A check's name is its function's name, stated once; `run_check` gives it a
-`Findings` to write to and turns a crashing check into `error` — an analysis that could not run has
+`CheckRecorder` to write to and turns a crashing check into `error` — an analysis that could not run has
 proved nothing, so it must never read as a pass (Jepsen's "unknown")."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any, Callable, Mapping
 from attrs import frozen
 
 from conformance.contract import Capabilities
-from conformance.history import History, encode
-from conformance.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS, SKIP, CheckResult, Failure, Severity
+from conformance.history import History
+from conformance.history_codec import encode
+from conformance.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS, SKIP, CheckResult, CheckFailure, Severity
 
 
 @frozen
@@ -23,7 +24,7 @@ class CheckSpec:
     title: str
     severity: Severity
     bug_class: str
-    fn: Callable[[History, "Findings"], CheckResult]
+    fn: Callable[[History, "CheckRecorder"], CheckResult]
     scope: str = "example"  # "example": judged per Hypothesis example; "run": over the whole run
     applies: Callable[[Capabilities], bool] = lambda caps: True
     doc: str = ""
@@ -36,7 +37,7 @@ def check(*, title: str, severity: Severity, bug_class: str, scope: str = "examp
           applies: Callable[[Capabilities], bool] = lambda caps: True):
     """Register a check under its function's name (the name users pass to `--checks`)."""
 
-    def deco(fn: Callable[[History, Findings], CheckResult]) -> Callable[[History, Findings], CheckResult]:
+    def deco(fn: Callable[[History, CheckRecorder], CheckResult]) -> Callable[[History, CheckRecorder], CheckResult]:
         name = fn.__name__
         if name in CHECKS:
             raise ValueError(f"check {name!r} registered twice")
@@ -53,7 +54,7 @@ def run_check(spec: CheckSpec, history: History) -> CheckResult:
     if caps is not None and not spec.applies(caps):
         return CheckResult(spec.name, SKIP, notes=("the engine does not claim what this check is about",))
     try:
-        result = spec.fn(history, Findings(spec))
+        result = spec.fn(history, CheckRecorder(spec))
     except Exception as exc:  # noqa: BLE001 - a crashing checker is "unknown", reported as error
         return CheckResult(spec.name, ERROR, notes=(f"check crashed: {type(exc).__name__}: {exc}",))
     if not isinstance(result, CheckResult):
@@ -61,12 +62,13 @@ def run_check(spec: CheckSpec, history: History) -> CheckResult:
     return result
 
 
-class Findings:
-    """Accumulates failures, counts and notes for one check over one history."""
+class CheckRecorder:
+    """What one check records while it reads one history: its failures (`fail`), its counts in its own
+    unit (`stats`) and its notes. Handed to the check by `run_check`; the check's verdict is built from it."""
 
     def __init__(self, spec: CheckSpec) -> None:
         self.spec = spec
-        self.failures: list[Failure] = []
+        self.failures: list[CheckFailure] = []
         self.stats: Counter[str] = Counter()
         self.notes: list[str] = []
 
@@ -74,7 +76,7 @@ class Findings:
              bug_class: str | None = None) -> None:
         witness = {"example": example, **encode(dict(witness))}
         digest = hashlib.sha1(json.dumps([title, witness], sort_keys=True).encode()).hexdigest()[:10]
-        self.failures.append(Failure(self.spec.name, title, self.spec.severity,
+        self.failures.append(CheckFailure(self.spec.name, title, self.spec.severity,
                                      bug_class or self.spec.bug_class, f"{self.spec.name}-{digest}",
                                      witness, explanation, example))
 

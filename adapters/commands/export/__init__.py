@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from adapters.commands.cli import output_file
 
-    from conformance.registry import parse_engine_args
+    from conformance.engines import parse_engine_args
 
     args = build_parser().parse_args(argv)
     args.engine_args = parse_engine_args(args.engine_arg)

@@ -118,7 +118,7 @@ def check_request(args: Mapping[str, str], request: Request) -> None:
 def oracle_for(target: str) -> Callable[..., tuple[Callable[[Request], Baseline], Callable[[], None]]]:
     def oracle(args: Mapping[str, str], caps: Any) -> tuple[Callable[[Request], Baseline], Callable[[], None]]:
         """The adapter's own baseline, from a freshly built adapter."""
-        from conformance.registry import load_engine
+        from conformance.engines import load_engine
 
         engine = load_engine(target, dict(args))
         return engine.baseline, engine.close

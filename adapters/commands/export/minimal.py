@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conformance.checks.common import lcp  # the prefix length the isolation check itself measures
+from conformance.history_facts import lcp  # the prefix length the isolation check itself measures
 
 OUTPUT_CHECKS = ("parity", "history_independence", "spec_independence", "schedule_independence",
                  "eviction_safety")

@@ -52,7 +52,7 @@ def _history(path: Path) -> Any | None:
 def capabilities(data: Mapping[str, Any], history: Any | None, same_engine: bool,
                  build: Any) -> Capabilities:
     """The engine's declared capabilities: the witness's record, the run's, or a freshly built adapter's."""
-    from conformance.history import capabilities_from
+    from conformance.history_codec import capabilities_from
 
     if same_engine and isinstance(data.get("capabilities"), dict):
         return capabilities_from(data["capabilities"])
@@ -92,10 +92,10 @@ def _identity(q: Request) -> dict[str, Any]:
 def build(path: str | Path, exporter: ModuleType, target: str, named: str, args: Mapping[str, str],
           check: str, steps: list[Any]) -> dict[str, Any]:
     """The plan of witness `path` for engine `target` (whose exporter module is `exporter`)."""
-    from conformance.checks.common import caching_disabled, config_block_size
+    from conformance.history_facts import caching_disabled, config_block_size
     from conformance.checks.hygiene import SNAPSHOT_AT_REST
-    from conformance.history import oracle_key_str
-    from conformance.registry import load_engine
+    from conformance.history_codec import oracle_key_str
+    from conformance.engines import load_engine
     from conformance.strategies import Configure, Reset
 
     path = Path(path)

@@ -50,7 +50,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port}: not a port number")
-    from conformance.registry import parse_engine_args
+    from conformance.engines import parse_engine_args
 
     args.engine_args = parse_engine_args(args.engine_arg)
     if args.fault is not None and args.fault.lower() in ("", "none", "off"):

@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
-from conformance.checks.common import chunked
-from conformance.grouping import Finding, cross_identity_reuse, epoch_evicted
-from conformance.history import Example, History, request_from
-from conformance.report_doc import Block, Cell, Code, Fold, Para, Table
-from conformance.timeline import Step, find_line, timeline
+from conformance.history_facts import chunked
+from conformance.grouping import RootCause, cross_identity_reuse, epoch_evicted
+from conformance.history import Example, History
+from conformance.history_codec import request_from
+from conformance.report.doc import Block, Cell, Code, Fold, Para, Table
+from conformance.timeline import TimelineStep, find_line, timeline
 
 WINDOW_BEFORE, WINDOW_AFTER = 4, 6  # aligned positions shown around the first divergence
 MAX_LINES_PER_BATCH = 8  # a flood of 64 requests shows its first ones and the one that failed
@@ -82,13 +83,13 @@ def _mechanisms(history: History, ex: Example, batch: Any, request: Any) -> list
     return out
 
 
-def story(history: History, finding: Finding) -> dict[str, Any]:
+def story(history: History, finding: RootCause) -> dict[str, Any]:
     """The finding's timeline, focus request, divergence, KV reuse and mechanisms in play, as JSON."""
     f = finding.failure
     w = f.witness
     req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
     ex = _example(history, f.example)
-    steps: list[Step] = timeline(ex) if ex is not None else []
+    steps: list[TimelineStep] = timeline(ex) if ex is not None else []
     line = find_line(steps, w.get("batch"), req.get("id"))
     reused = None
     if line is not None and line.other.tokens > 0:

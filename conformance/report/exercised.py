@@ -19,10 +19,10 @@ import math
 from collections import Counter
 from typing import Any, Mapping
 
-from conformance.checks.common import occurrences
+from conformance.history_facts import occurrences
 from conformance.history import History
 from conformance.oracle import NEAR_TIE, compare
-from conformance.report_doc import Block, Heading, Para, Table
+from conformance.report.doc import Block, Heading, Para, Table
 
 # A check's counts in words, and which one is its headline (the bar's length): its own unit.
 STAT_WORDS = {

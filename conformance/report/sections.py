@@ -1,0 +1,138 @@
+"""The sections of report.md and report.html: the head (verdict, run, engine arguments), the checks
+table with each check's own counts, the findings told as stories, the known findings and what the run
+exercised. Both files are renderings of the same blocks (`conformance.report.doc`), built from
+results.json alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from conformance.report.exercised import bar_chart, counts_text
+from conformance.report.exercised import blocks as exercised_blocks
+from conformance.report.doc import Block, Bullets, Cell, Figure, Heading, Para, Section, Table, page, to_md
+from conformance.report.story import blocks as story_blocks
+
+
+def _head(results: Mapping[str, Any]) -> list[Block]:
+    run = results["run"]
+    duration = "unknown time" if results["duration_s"] is None else f"{results['duration_s']} s"
+    out: list[Block] = [Heading(1, f"kvparity report: {run.get('engine')}")]
+    if not results["finished"]:
+        how = "INTERRUPTED" if results["interrupted"] else "INCOMPLETE"
+        out.append(Para(f"**{how}: this run did not finish** — the verdict is `error` unless a failure was found; "
+                        "the checks below read what was recorded."))
+    if results.get("process"):
+        cause = str(results["process"])
+        out.append(Para(f"**{cause[:1].upper() + cause[1:]}.**"))
+    if results.get("reanalysis"):
+        out.append(Para(f"**Re-analysed from the stored history** (`kvparity report`): "
+                        f"{results['reanalysis']['summary']}."))
+    n_find = len(results.get("findings", []))
+    n_known = sum(bool(fd.get("known")) for fd in results.get("findings", []))
+    missing = [s["name"] for s in results.get("situations", []) if s["relevant"] and not s["count"]]
+    out.append(Para(f"verdict **{results['verdict'].upper()}** (exit {results['exit_code']}), profile "
+                    f"`{run.get('profile')}`, seed `{run.get('seed')}`, {results['examples']} examples in {duration}, "
+                    f"near-ties {results['near_ties']}, findings {n_find}"
+                    + (f" ({n_known} known)" if n_known else "")
+                    + (f", relevant situations not reached: {', '.join(f'`{m}`' for m in missing)}" if missing else "")))
+    args = run.get("engine_args") or {}
+    if args:
+        out.append(Para("engine arguments: " + ", ".join(f"`{k}={v}`" for k, v in sorted(args.items()))))
+    out.append(Para(f"versions: `{json.dumps(run.get('versions', {}))}`"))
+    return out
+
+
+def _checks(results: Mapping[str, Any]) -> list[Block]:
+    listed: dict[str, list[str]] = {}
+    for fd in results.get("findings", []):
+        for c in fd["also_seen_by"]:
+            listed.setdefault(c, []).append(fd["check"])
+    rows = []
+    for name, c in results["checks"].items():
+        notes = list(c["notes"][:3])
+        elsewhere = sorted(set(listed.get(name, ())) - {name})
+        own = [fd for fd in results.get("findings", []) if fd["check"] == name]
+        if c["status"] == "fail" and elsewhere and not own:
+            notes.insert(0, f"its failures are listed under {', '.join(elsewhere)} (same root)")
+        rows.append([name, Cell(c["status"], "good" if c["status"] == "pass" else
+                                "bad" if c["status"] in ("fail", "error") else ""),
+                     c["bug_class"], c["title"], counts_text(c.get("stats", {})), "; ".join(notes)])
+    return [Heading(2, "Checks"), Figure(bar_chart(results["checks"]), ""),
+            Table(["check", "status", "class", "claim", "checked (the check's own counts)", "notes"], rows)]
+
+
+def _finding(k: int, fd: Mapping[str, Any], texts: Mapping[str, str], records: Mapping[str, Mapping]) -> Block:
+    times = f" (×{fd['count']}: identical findings folded)" if fd.get("count", 1) > 1 else ""
+    known = "KNOWN: " if fd.get("known") else ""
+    sig = fd.get("signature") or {}
+    blocks: list[Block] = [
+        Heading(3, f"{k}. {known}[{fd['check']}] {fd['title']} — `{fd['case_id']}`{times}", anchor=f"finding-{k}"),
+        Para(f"severity **{fd['severity']}**, bug class **{fd['bug_class']}**, example {fd['example']}"
+             + (f"; also seen by {', '.join(f'`{c}`' for c in fd['also_seen_by'])}" if fd["also_seen_by"] else "")),
+        Para(("" if fd.get("record_check", fd["check"]) == fd["check"] else f"`{fd['record_check']}` recorded: ")
+             + fd["explanation"])]
+    if sig:
+        blocks.append(Para(f"signature `{sig['signature']}`: check `{sig['check']}`, mechanism {sig['mechanism']}"
+                           + (" — a known finding (`--known`): recorded, not failing the run" if known else "")))
+    if fd.get("reasons"):
+        blocks.append(Bullets(fd["reasons"]))
+    blocks += story_blocks(fd["story"], texts, fd["check"], fd["witness"])
+    if fd.get("replay"):
+        blocks.append(Para(f"Replay: `{fd['replay']}`"))
+    others = [records[c] for c in fd.get("failures", []) if c != fd["case_id"] and c in records]
+    if others:
+        blocks.append(Para("Failure records folded into this finding (same root):"))
+        blocks.append(Bullets([f"[{r['check']}] {r['title']} — `{r['case_id']}`"
+                               + (f": `{r['replay']}`" if r.get("replay") else "") for r in others]))
+    return Section(blocks, "finding" + (" critical" if fd["severity"] == "critical" else ""))
+
+
+def report_blocks(results: Mapping[str, Any]) -> list[Block]:
+    """The whole report as blocks; report.md and report.html are two renderings of these."""
+    out = _head(results) + _checks(results)
+    if results["errors"]:
+        out += [Heading(2, "Engine errors"), Bullets(results["errors"])]
+    findings = results.get("findings", [])
+    if findings:
+        n_fail = sum(len(c["failures"]) for c in results["checks"].values())
+        out += [Heading(2, "Findings"),
+                Para(f"{len(findings)} finding(s) from {n_fail} failure record(s): failures about the same request "
+                     "are one finding, listed under the most specific check that saw it.")]
+        texts = results.get("decoded") or {}
+        records = {f["case_id"]: f for c in results["checks"].values() for f in c["failures"]}
+        out += [_finding(k, fd, texts, records) for k, fd in enumerate(findings, start=1)]
+    out += known_blocks(results)
+    out += exercised_blocks(results)
+    if results["minimised"]:
+        out += [Heading(2, "Minimised witnesses (`--minimise`)"),
+                Bullets([f"`{check}`: {line}" for check, line in results["minimised"].items()])]
+    return out
+
+
+def known_blocks(results: Mapping[str, Any]) -> list[Block]:
+    """The run's known-findings file, entry by entry: seen (how often) or fixed."""
+    known = results.get("known")
+    if not known:
+        return []
+    rows = []
+    for e in known["entries"]:
+        n = known["seen"].get(e["signature"], 0)
+        state = Cell(f"seen ×{n}", "") if n else Cell("FIXED: not seen" + (" (fails the run: --strict-known)"
+                                                                        if known["strict"] else ""), "good")
+        rows.append([f"`{e['signature']}`", state, e.get("check", ""), e.get("title", ""), e.get("upstream", ""),
+                     e.get("note", "")])
+    return [Heading(2, "Known findings (`--known`)"),
+            Para("Failures with these signatures are recorded and shown, and do not fail the run; one not seen "
+                 "is reported as fixed."),
+            Table(["signature", "this run", "check", "title", "upstream", "note"], rows)]
+
+
+def report_md(results: Mapping[str, Any]) -> str:
+    return to_md(report_blocks(results))
+
+
+def report_html(results: Mapping[str, Any]) -> str:
+    """The same blocks as report.md, as one self-contained page (inline SVG, no scripts)."""
+    return page(f"kvparity: {results['run'].get('engine')}", report_blocks(results))
