@@ -78,7 +78,6 @@ HTTP errors and malformed JSON raise EngineError with a one-line cause (an `erro
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
