@@ -3,6 +3,7 @@ naming the argument, never a crash deep inside an engine."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import attrs
@@ -83,6 +84,22 @@ def to_opt_str() -> attrs.Converter:
 
 
 A = TypeVar("A")
+
+
+def engine_arguments(cls: type) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorates an adapter's `__init__(self, args=None, **engine_args)` with the signature of the engine
+    arguments it accepts: each field of the arguments class `cls`, with its default as the command line
+    would say it. Tools that read an adapter's arguments from its constructor (`inspect.signature`, the
+    `kvparity export` settings) see them as before the arguments became a class."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(a.alias or a.name, inspect.Parameter.KEYWORD_ONLY, default=a.default)
+               for a in attrs.fields(cls) if a.init]
+
+    def mark(init: Callable[..., None]) -> Callable[..., None]:
+        init.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        return init
+
+    return mark
 
 
 def parse(cls: type[A], engine: str, args: Mapping[str, Any]) -> A:

@@ -58,7 +58,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from adapters import llama_cpp_versions as versions
-from adapters.engine_args import choice_arg, int_arg, parse
+from adapters.engine_args import choice_arg, engine_arguments, int_arg, parse
 from adapters.llama_cpp_args import CACHES, DRAFTERS, GGML_TYPE, KNOBS, LlamaCppArgs
 from adapters.landmarks import shipped_landmarks
 from adapters.reference_oracle import ReferenceOracle
@@ -173,6 +173,7 @@ def _accepted(prompt_len: int, output: Sequence[int], calls: Sequence[tuple[int,
 
 
 class LlamaCppAdapter:
+    @engine_arguments(LlamaCppArgs)
     def __init__(self, args: LlamaCppArgs | None = None, **engine_args: Any):
         """From parsed arguments, or from engine-argument strings (`LlamaCppAdapter(drafter="adversarial")`)."""
         if args is None:

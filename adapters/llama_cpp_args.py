@@ -40,7 +40,8 @@ def _path(value: Any) -> str | None:
 @frozen
 class LlamaCppArgs:
     """Every engine argument of the llama.cpp adapter, converted and checked. `drafter`, `k`, `n_batch`
-    and `cache` are also knobs (`vary`): their values here are the defaults, shrunk towards."""
+    and `cache` are also knobs (`vary`): their values here are the defaults, shrunk towards. Defaults are
+    written as the command line would say them (converted like any argument)."""
 
     gguf_dir: str | None = field(default=None, converter=_path)
     n_ctx: int = field(default=1024, converter=to_int(16))
@@ -56,7 +57,7 @@ class LlamaCppArgs:
     lora: str = field(default="auto", converter=to_choice(("auto", "off")))
     cache_scope: str = field(default="shared", converter=to_choice(("shared", "identity")))
     logits_all: bool = field(default=True, converter=to_bool())
-    vary: tuple[str, ...] = field(default=KNOBS, converter=_vary)
+    vary: tuple[str, ...] = field(default=",".join(KNOBS), converter=_vary)
 
     def knob_defaults(self) -> dict[str, Any]:
         return {"drafter": self.drafter, "k": self.k, "n_batch": self.n_batch, "cache": self.cache}

@@ -33,7 +33,7 @@ import torch
 
 from adapters import checkpoint_info, landmark_search, transformers_versions
 from adapters.landmarks import shipped_landmarks
-from adapters.engine_args import choice_arg, parse
+from adapters.engine_args import choice_arg, engine_arguments, parse
 from adapters.transformers_args import MODES, TransformersArgs
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Knob, Request, Result, UsageError
@@ -49,6 +49,7 @@ TOLERANCE = {"float64": 0.0, "float32": 1e-4, "bfloat16": 0.2, "float16": 0.03}
 class TransformersAdapter:
     """The Engine contract over `transformers.LlamaForCausalLM`."""
 
+    @engine_arguments(TransformersArgs)
     def __init__(self, args: TransformersArgs | None = None, **engine_args: Any):
         """From parsed arguments, or from engine-argument strings (`TransformersAdapter(mode="batch")`)."""
         if args is None:

@@ -47,7 +47,7 @@ class TransformersArgs:
     page_size: int = field(default=16, converter=to_int())
     num_blocks: int = field(default=64, converter=to_int(4))
     dtype: str = field(default="float64", converter=to_choice(DTYPES))
-    modes: tuple[str, ...] = field(default=(), converter=_modes)
+    modes: tuple[str, ...] = field(default="", converter=_modes)
     model: str = field(default="", converter=str)
     draft: str = field(default="", converter=str)
     oracle: str = field(default="reference", converter=to_choice(ORACLES))

@@ -54,7 +54,7 @@ from typing import Any, Mapping, Sequence
 from attrs import evolve
 
 from adapters import landmark_search, vllm_versions
-from adapters.engine_args import bool_arg, int_arg, parse
+from adapters.engine_args import bool_arg, engine_arguments, int_arg, parse
 from adapters.vllm_args import DEFAULT_TOLERANCE, LORA_IDS, VllmArgs  # noqa: F401 (re-exported)
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Knob, Request, Result, UsageError
@@ -149,6 +149,7 @@ def top2_from_logprobs(logprobs: Sequence[Mapping[int, Any]] | None) -> tuple | 
 class VllmAdapter:
     """The Engine contract over `vllm.LLM` (one instance per base revision and configuration point)."""
 
+    @engine_arguments(VllmArgs)
     def __init__(self, args: VllmArgs | None = None, **engine_args: Any) -> None:
         """From parsed arguments, or from engine-argument strings (`VllmAdapter(vary="spec,k")`)."""
         from adapters import checkpoint_info

@@ -60,28 +60,29 @@ def _revisions(value: Any) -> tuple[str, ...]:
 
 @frozen
 class VllmArgs:
-    """Every engine argument of the vLLM adapter, converted and checked."""
+    """Every engine argument of the vLLM adapter, converted and checked. Defaults are written as the
+    command line would say them (converted like any argument)."""
 
     block_size: int = field(default=32, converter=_block_size)
-    prefix_caching: bool = field(default=True, converter=to_bool())
+    prefix_caching: bool = field(default="true", converter=to_bool())
     spec: str = field(default="none", converter=to_choice(SPECS))
     k: int = field(default=3, converter=to_int())
-    max_num_batched_tokens: int | None = field(default=None, converter=to_int(allow_none=True))
-    lora: bool = field(default=True, converter=to_bool())
-    revisions: tuple[str, ...] = field(default=("a", "b"), converter=_revisions)
-    identities: frozenset[str] = field(default=frozenset(IDENTITIES), converter=_identities)
-    vary: tuple[str, ...] = field(default=(), converter=_vary)
+    max_num_batched_tokens: int | None = field(default="none", converter=to_int(allow_none=True))
+    lora: bool = field(default="true", converter=to_bool())
+    revisions: tuple[str, ...] = field(default="a,b", converter=_revisions)
+    identities: frozenset[str] = field(default=",".join(IDENTITIES), converter=_identities)
+    vary: tuple[str, ...] = field(default="", converter=_vary)
     max_live: int = field(default=4, converter=to_int())
     dtype: str = field(default="float32", converter=to_choice(("float32", "float16", "bfloat16")))
     kv_space_gb: int = field(default=1, converter=to_int())
     seed: int = field(default=0, converter=to_int(0))
     tolerance: float = field(default=DEFAULT_TOLERANCE, converter=to_num(0))
-    logprobs: bool = field(default=True, converter=to_bool())
+    logprobs: bool = field(default="true", converter=to_bool())
     model_dir: str = field(default="", converter=str)
     max_num_seqs: int = field(default=8, converter=to_int())
     model: str = field(default="", converter=str)
     max_loras: int = field(default=len(LORA_IDS), converter=to_int())
-    rebind: bool = field(default=False, converter=to_bool())
+    rebind: bool = field(default="false", converter=to_bool())
 
     def checkpoint(self) -> str:
         """model=PATH (model_dir= is the older spelling): a user's checkpoint, or "" for the shipped one."""

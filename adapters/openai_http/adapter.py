@@ -85,7 +85,7 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
-from adapters.engine_args import num_arg, parse
+from adapters.engine_args import engine_arguments, num_arg, parse
 from adapters.openai_http.args import OpenAIHttpArgs
 from adapters.openai_http.server import ServerProcess, kvparity_command, llama_cpp_command, vllm_command, vllm_env
 from adapters.openai_http.text import TOKEN_ID, TextChannel
@@ -101,6 +101,7 @@ LORAS = ("upper", "rot13")
 class OpenAIHttpAdapter:
     """The Engine contract over an OpenAI-compatible `/v1/completions` endpoint."""
 
+    @engine_arguments(OpenAIHttpArgs)
     def __init__(self, args: OpenAIHttpArgs | None = None, **engine_args: Any) -> None:
         """From parsed arguments, or from engine-argument strings (`OpenAIHttpAdapter(serve="kvparity")`)."""
         from adapters import checkpoint_info

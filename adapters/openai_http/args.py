@@ -81,36 +81,36 @@ def _knobs(value: Any) -> Mapping[str, str]:
 
 @frozen
 class OpenAIHttpArgs:
-    """Every engine argument of the HTTP adapter, converted and checked. None means "auto" where the
-    argument has an auto setting (salt, adapters, logprobs, tolerance): the adapter decides it from the
-    server it talks to."""
+    """Every engine argument of the HTTP adapter, converted and checked. Defaults are written as the
+    command line would say them (converted like any argument). None means "auto" where the argument has
+    an auto setting (salt, adapters, logprobs, tolerance): the adapter decides it from the server."""
 
     base_url: str = field(default="", converter=str)
     serve: str = field(default="", converter=_serve)
     model: str = field(default="", converter=str)
     prompt_mode: str = field(default="tokens", converter=to_choice(("tokens", "text")))
-    salt: bool | None = field(default=None, converter=attrs.Converter(_auto_bool, takes_field=True))
-    adapters: tuple[str, ...] | None = field(default=None, converter=_adapters)
-    lora: bool = field(default=True, converter=to_bool())
+    salt: bool | None = field(default="auto", converter=attrs.Converter(_auto_bool, takes_field=True))
+    adapters: tuple[str, ...] | None = field(default="auto", converter=_adapters)
+    lora: bool = field(default="true", converter=to_bool())
     reset: str = field(default="auto", converter=to_choice(("auto", "endpoint", "salt", "none")))
     spec: str = field(default="none", converter=to_choice(("none", "ngram", "draft")))
     k: int = field(default=3, converter=to_int())
-    max_num_batched_tokens: int | None = field(default=None, converter=_budget)
+    max_num_batched_tokens: int | None = field(default="none", converter=_budget)
     block_size: int = field(default=32, converter=to_int())
-    timeout: float = field(default=120.0, converter=to_num(1))
-    startup_timeout: float = field(default=600.0, converter=to_num(1))
-    tolerance: float | None = field(default=None, converter=_tolerance)
-    logprobs: bool | None = field(default=None, converter=attrs.Converter(_auto_bool, takes_field=True))
+    timeout: float = field(default=120, converter=to_num(1))
+    startup_timeout: float = field(default=600, converter=to_num(1))
+    tolerance: float | None = field(default="auto", converter=_tolerance)
+    logprobs: bool | None = field(default="auto", converter=attrs.Converter(_auto_bool, takes_field=True))
     gguf: str = field(default="", converter=str)
     port: int = field(default=0, converter=to_int(0))
     revision: str = field(default="a", converter=str)
     name: str = field(default="", converter=str)
-    extra_body: Mapping[str, Any] = field(factory=dict, converter=_extra_body)
+    extra_body: Mapping[str, Any] = field(default="", converter=_extra_body)
     scope: str = field(default="tenant", converter=str)
-    fault: str | None = field(default=None, converter=to_opt_str())
-    knobs: Mapping[str, str] = field(factory=dict, converter=_knobs)
+    fault: str | None = field(default="", converter=to_opt_str())
+    knobs: Mapping[str, str] = field(default="", converter=_knobs)
     arrival: str = field(default="stagger", converter=to_choice(("stagger", "serial")))
-    stagger_ms: float = field(default=10.0, converter=to_num(0))
+    stagger_ms: float = field(default=10, converter=to_num(0))
 
     def __attrs_post_init__(self) -> None:
         """What no single argument can say alone."""
