@@ -163,3 +163,18 @@ def test_the_cli_says_a_bad_engine_argument_in_one_line(tmp_path):
                        timeout=120)
     assert r.returncode == 3
     assert r.stderr.strip().splitlines() == ["kvparity: error: engine argument k='two' is not an integer"]
+
+
+def test_an_adapters_signature_still_lists_its_engine_arguments_as_the_command_line_says_them():
+    """`kvparity export` (and any tool) reads an adapter's arguments and their defaults from its
+    constructor; with the arguments a class, the constructor advertises the class's fields."""
+    import inspect
+
+    from adapters.openai_http import OpenAIHttpAdapter
+    from adapters.openai_http.args import OpenAIHttpArgs
+
+    params = inspect.signature(OpenAIHttpAdapter.__init__).parameters
+    assert list(params)[1:] == [a.name for a in attrs.fields(OpenAIHttpArgs)]
+    assert (params["salt"].default, params["tolerance"].default, params["k"].default) == ("auto", "auto", 3)
+    parsed = OpenAIHttpArgs(serve="kvparity")  # a default is converted like any argument
+    assert (parsed.salt, parsed.tolerance, parsed.extra_body, parsed.max_num_batched_tokens) == (None, None, {}, None)
