@@ -200,6 +200,12 @@ def check_configs(configs: Iterable[Mapping[str, Any]], space: Mapping[str, Sequ
         check_config(config, space, where)
 
 
+def _a_knob(k: Any) -> bool:
+    """A recorded knob's shape (conformance.contract.Knob as JSON), before anything reads it."""
+    return (isinstance(k, Mapping) and isinstance(k.get("name"), str) and isinstance(k.get("values"), list)
+            and isinstance(k.get("prefix_caching_off", []), list) and isinstance(k.get("context_limits", {}), Mapping))
+
+
 def recorded_space(caps: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     """knob -> declared values, from a run_start's capabilities: its `knobs` (each a mapping with a
     name and values), or the `config_space` map that histories recorded before knobs were one value."""
@@ -209,9 +215,8 @@ def recorded_space(caps: Mapping[str, Any], where: str) -> Mapping[str, Any]:
             raise UsageError(f"{where}: run_start's config_space is not a mapping")
         return space
     knobs = caps.get("knobs") or []
-    if not isinstance(knobs, list) or not all(isinstance(k, Mapping) and isinstance(k.get("name"), str)
-                                              for k in knobs):
-        raise UsageError(f"{where}: run_start's knobs are not a list of named knobs")
+    if not isinstance(knobs, list) or not all(_a_knob(k) for k in knobs):
+        raise UsageError(f"{where}: run_start's knobs are not a list of named knobs with lists of values")
     return {k["name"]: k.get("values") for k in knobs}
 
 

@@ -107,6 +107,8 @@ def test_a_recorded_knob_still_fences_a_historys_configurations():
         check_history_configs([ok[0], {"event": "config", "config": {"pool_tokens": 64}}], "h")
     with pytest.raises(UsageError, match="knobs are not a list"):
         check_history_configs([{"event": "run_start", "capabilities": {**caps, "knobs": {"k": 1}}}], "h")
+    with pytest.raises(UsageError, match="knobs are not a list"):
+        check_history_configs([{"event": "run_start", "capabilities": {**caps, "knobs": [{"name": "k", "values": 3}]}}], "h")
 
 
 def args_classes():
