@@ -10,7 +10,7 @@ Everything here is frozen and slotted (attrs) so a history can be hashed, compar
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import attrs
 from attrs import field, frozen
@@ -224,11 +224,16 @@ def knobs_from_maps(config_space: Mapping[str, Sequence[Any]] | None = None,
 
 def knob_views(knobs: Sequence[Knob]) -> dict[str, dict[str, Any]]:
     """The four maps of earlier versions, derived from the knobs (what strategies and checks read)."""
-    return {"config_space": {k.name: k.values for k in knobs},
-            "knob_roles": {k.name: k.role for k in knobs if k.role is not None},
-            "prefix_caching_off": {k.name: k.prefix_caching_off for k in knobs if k.prefix_caching_off},
-            "context_limits": {k.name: {str(v): n for v, n in k.context_limits.items()}
-                               for k in knobs if k.context_limits}}
+    return {name: _VIEWS[name](knobs) for name in LEGACY_KNOB_MAPS}
+
+
+_VIEWS: dict[str, Callable[[Sequence[Knob]], dict[str, Any]]] = {
+    "config_space": lambda knobs: {k.name: k.values for k in knobs},
+    "knob_roles": lambda knobs: {k.name: k.role for k in knobs if k.role is not None},
+    "prefix_caching_off": lambda knobs: {k.name: k.prefix_caching_off for k in knobs if k.prefix_caching_off},
+    "context_limits": lambda knobs: {k.name: {str(v): n for v, n in k.context_limits.items()}
+                                     for k in knobs if k.context_limits},
+}
 
 
 @frozen(init=False)
@@ -285,22 +290,22 @@ class Capabilities:
     @property
     def config_space(self) -> Mapping[str, tuple[Any, ...]]:
         """knob -> allowed values (the first is what shrinking goes to)."""
-        return knob_views(self.knobs)["config_space"]
+        return _VIEWS["config_space"](self.knobs)
 
     @property
     def knob_roles(self) -> Mapping[str, str]:
         """knob -> which claim a difference in it tests (one of KNOB_ROLES); knobs without a role left out."""
-        return knob_views(self.knobs)["knob_roles"]
+        return _VIEWS["knob_roles"](self.knobs)
 
     @property
     def prefix_caching_off(self) -> Mapping[str, tuple[Any, ...]]:
         """knob -> the values that switch prefix caching off; knobs without such values left out."""
-        return knob_views(self.knobs)["prefix_caching_off"]
+        return _VIEWS["prefix_caching_off"](self.knobs)
 
     @property
     def context_limits(self) -> Mapping[str, Mapping[str, int]]:
         """knob -> {str(value): most tokens per request}, the shape the strategies look values up in."""
-        return knob_views(self.knobs)["context_limits"]
+        return _VIEWS["context_limits"](self.knobs)
 
 
 @runtime_checkable
