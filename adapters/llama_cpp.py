@@ -29,7 +29,7 @@ What it drives (all real llama-cpp-python code paths, f32 GGUF exported by adapt
   loads, the LoRA adapters (`lora_path`), again one context each. No tenant salt: llama-cpp-python
   has no such notion.
 
-Engine arguments (strings): gguf_dir, n_ctx, n_batch, kv_type (f32|f16), drafter, k, cache, cache_dir,
+Engine arguments (strings, parsed into the frozen `LlamaCppArgs`, adapters/llama_cpp_args.py): gguf_dir, n_ctx, n_batch, kv_type (f32|f16), drafter, k, cache, cache_dir,
 cache_scope (shared: one cache object for all identities, as llama-cpp-python's server shares its disk
 cache directory | identity: one per identity, the workaround), tolerance, n_threads, seed, lora (auto|off),
 logits_all (on: every position's logits are kept, so Result.top2 is reported | off: llama-cpp-python's own
@@ -58,18 +58,16 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from adapters import llama_cpp_versions as versions
-from adapters.engine_args import bool_arg, choice_arg, int_arg, list_arg, num_arg
+from adapters.engine_args import choice_arg, engine_arguments, int_arg, parse
+from adapters.llama_cpp_args import CACHES, DRAFTERS, GGML_TYPE, KNOBS, LlamaCppArgs
 from adapters.landmarks import shipped_landmarks
 from adapters.reference_oracle import ReferenceOracle
-from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
+from conformance.contract import Baseline, Capabilities, EngineError, Identity, Knob, Request, Result, UsageError
 
 # Tie tolerance tau, in logits. Measured (tests/test_adapter_llama_cpp.py, reports/llama_cpp/README.md):
 # |llama.cpp f32 logit - reference float64 logit| stays below 1.4e-5 over 2 x 50 prompts x 24 steps, so a
 # top-1/top-2 margin below 1e-4 (7x that) is the only place f32 rounding can legitimately flip an argmax.
 TOLERANCE = 1e-4
-GGML_TYPE = {"f32": 0, "f16": 1}
-DRAFTERS = ("none", "prompt_lookup", "draft_model", "adversarial")
-CACHES = ("none", "ram", "disk")
 CONFIG_SPACE = {
     "drafter": DRAFTERS,
     "k": (4, 1, 8),
@@ -78,7 +76,6 @@ CONFIG_SPACE = {
     "n_batch": (512, 9),
     "cache": ("none", "ram", "disk"),
 }
-KNOBS = ("drafter", "k", "n_batch", "cache")
 KNOB_ROLES = {"drafter": "speculation", "k": "speculation", "n_batch": "schedule", "cache": "cache"}
 
 
@@ -176,36 +173,33 @@ def _accepted(prompt_len: int, output: Sequence[int], calls: Sequence[tuple[int,
 
 
 class LlamaCppAdapter:
-    def __init__(self, gguf_dir: str | None = None, n_ctx: str | int = 1024, n_batch: str | int = 512,
-                 kv_type: str = "f32", drafter: str = "none", k: str | int = 4, cache: str = "none",
-                 cache_dir: str | None = None, tolerance: str | float | None = None, n_threads: str | int = 1,
-                 seed: str | int = 0, lora: str = "auto", cache_scope: str = "shared", logits_all: str | bool = True,
-                 vary: str = ",".join(KNOBS)):
+    @engine_arguments(LlamaCppArgs)
+    def __init__(self, args: LlamaCppArgs | None = None, **engine_args: Any):
+        """From parsed arguments, or from engine-argument strings (`LlamaCppAdapter(drafter="adversarial")`)."""
+        if args is None:
+            args = parse(LlamaCppArgs, "llama_cpp", engine_args)
+        elif engine_args:
+            raise UsageError("LlamaCppAdapter: pass LlamaCppArgs or engine arguments, not both")
+        self.args = args
         self._llama_cpp, speculative = _import_llama_cpp()
         self.features = versions.probe(self._llama_cpp, speculative)
         from adapters.commands import export_gguf as gguf_export
         from reference_engine import checkpoints
 
         self._ckpt = checkpoints
-        self.n_ctx = int_arg("n_ctx", n_ctx, 16)
-        self.kv_type = choice_arg("kv_type", kv_type, tuple(GGML_TYPE))
-        self.n_threads = int_arg("n_threads", n_threads)
-        self.seed = int_arg("seed", seed, 0)
-        self.tolerance = TOLERANCE if tolerance in (None, "") else num_arg("tolerance", tolerance)
+        self.n_ctx, self.kv_type, self.n_threads, self.seed = args.n_ctx, args.kv_type, args.n_threads, args.seed
+        self.tolerance = TOLERANCE if args.tolerance is None else args.tolerance
         # on: every position's logits are kept (Result.top2 is read from them). off: llama-cpp-python's default,
         # where the engine itself must keep the rows speculative decoding samples from.
-        self.logits_all = bool_arg("logits_all", logits_all)
-        self.vary = tuple(list_arg(vary))
-        unknown_knobs = [k for k in self.vary if k not in KNOBS]
-        if unknown_knobs:
-            raise UsageError(f"vary: unknown knob(s) {', '.join(unknown_knobs)}; choose from {', '.join(KNOBS)}")
-        self._defaults = {"drafter": drafter, "k": k, "n_batch": n_batch, "cache": cache}
-        self._cache_dir_arg = cache_dir
+        self.logits_all = args.logits_all
+        self.vary = args.vary
+        self._defaults = args.knob_defaults()
+        self._cache_dir_arg = args.cache_dir
         # shared: ONE LlamaRAMCache/LlamaDiskCache for every identity (what llama-cpp-python's server does:
         # every model with cache_type=disk opens the same default directory). identity: one cache per
         # identity (the workaround), so the rest of the suite can be judged without the known leak.
-        self.cache_scope = choice_arg("cache_scope", cache_scope, ("shared", "identity"))
-        lora_mode = choice_arg("lora", lora, ("auto", "off"))
+        self.cache_scope = args.cache_scope
+        lora_mode, gguf_dir = args.lora, args.gguf_dir
         # Export (idempotent, digest-named) every shipped checkpoint this adapter can use.
         out_dir = pathlib.Path(gguf_dir) if gguf_dir else None
         self.paths: dict[str, str] = {}
@@ -251,8 +245,8 @@ class LlamaCppAdapter:
             reports_drafts=self.features.speculative, chunked_prefill=True, evicts=True,
             top2_logits=self.logits_all, identities=frozenset(idents),
             revisions=("a", "b"), adapters=self.adapters, introspection=False, baseline_mode=False,
-            tolerance=self.tolerance, config_space=self._config_space(),
-            knob_roles={k: r for k, r in KNOB_ROLES.items() if k in self.vary}, min_hit_prompt=2,
+            tolerance=self.tolerance, min_hit_prompt=2,
+            knobs=tuple(Knob(k, values, KNOB_ROLES[k]) for k, values in self._config_space().items()),
             version=self.version(), landmarks=shipped_landmarks(),  # it serves the shipped family
         )
 

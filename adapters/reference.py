@@ -1,6 +1,7 @@
 """kvparity adapter for the reference engine (reference_engine/): the ground truth and worked example.
 
-Every engine knob is an engine argument (strings, as a command line gives them):
+Every engine knob is an engine argument (strings, as a command line gives them; parsed into the frozen
+`ReferenceArgs`, which the adapter also takes as is):
   ReferenceAdapter(block_size="16", num_blocks="256", prefix_cache="true", drafter="oracle", k="4",
                    chunk_size="none", token_budget="4096", max_batch="64", pool_tokens="none")
 (`pool_tokens`, when set, sizes the pool in tokens instead: num_blocks = pool_tokens / block_size.)
@@ -35,9 +36,12 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from adapters.engine_args import bool_arg, choice_arg, int_arg
+import attrs
+from attrs import field, frozen
+
+from adapters.engine_args import int_arg, parse, to_bool, to_choice, to_int
 from adapters.landmarks import shipped_landmarks
-from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
+from conformance.contract import Baseline, Capabilities, EngineError, Knob, Request, Result, UsageError
 from reference_engine.baseline import greedy
 from reference_engine.config import DRAFTER_NAMES, EngineConfig
 from reference_engine.engine import Engine
@@ -52,20 +56,71 @@ KNOBS = ("block_size", "num_blocks", "prefix_cache", "drafter", "k", "chunk_size
          "pool_tokens")
 DEFAULTS = {"block_size": "16", "num_blocks": "256", "prefix_cache": "true", "drafter": "none", "k": "4",
             "chunk_size": "none", "token_budget": "4096", "max_batch": "64", "pool_tokens": "none"}
-CONFIG_SPACE = {
-    "block_size": (16, 4, 32),  # the first value is what shrinking goes to: the declared default
+# What the strategies may vary, each knob stated once (the first value is what shrinking goes to: the
+# declared default).
+POOLS = (4096, 64, 256)
+KNOB_TABLE = (
+    Knob("block_size", (16, 4, 32), "cache"),
     # The pool in tokens, not blocks, so that its size means the same at every block size. 256 evicts
     # (and preempts) under a flood of long prompts; 64 under two or three short requests, which is what
     # makes an eviction witness small (so it comes before 256: shrinking prefers earlier values). A
-    # request cannot be longer than its pool (`context_limits`).
-    "pool_tokens": (4096, 64, 256),
-    "drafter": ("none", "oracle", "adversarial", "draft", "ngram"),
-    "k": (3, 1, 5),
-    "chunk_size": ("none", 13, 16),
-    "token_budget": (4096, 24),
-}
-KNOB_ROLES = {"block_size": "cache", "pool_tokens": "cache", "drafter": "speculation", "k": "speculation",
-              "chunk_size": "schedule", "token_budget": "schedule"}
+    # request cannot be longer than its pool (its context limit).
+    Knob("pool_tokens", POOLS, "cache", context_limits={v: v for v in POOLS}),
+    Knob("drafter", ("none", "oracle", "adversarial", "draft", "ngram"), "speculation"),
+    Knob("k", (3, 1, 5), "speculation"),
+    Knob("chunk_size", ("none", 13, 16), "schedule"),
+    Knob("token_budget", (4096, 24), "schedule"),
+)
+CONFIG_SPACE = {k.name: k.values for k in KNOB_TABLE}
+
+
+def _chunk_size(value: Any, f: attrs.Attribute) -> int | None:
+    """A chunk size, or None (no chunking) for "none", "off", "" and "0"."""
+    return int_arg(f.name, None if str(value) == "0" else value, allow_none=True)
+
+
+def _fault(value: Any) -> str | None:
+    """A fault of the zoo (or several joined by "+"), or None."""
+    fault = None if value is None or str(value).lower() in ("", "none", "off") else str(value)
+    if fault is not None:
+        try:
+            fault_names(fault)
+        except KeyError as exc:
+            raise UsageError(f"fault={fault!r}: {exc.args[0]}") from None
+    return fault
+
+
+@frozen
+class ReferenceArgs:
+    """The reference adapter's engine arguments, parsed once: each field converts the command line's
+    string (`--engine-arg k=v`) and a bad one is a UsageError naming it. `pool_tokens`, when set, sizes
+    the pool in tokens instead of `num_blocks`. `fault` and `introspection` are the adapter's own; the
+    rest are the engine's knobs (`KNOBS`), which `configure` overrides per configuration."""
+
+    block_size: int = field(default=16, converter=to_int())
+    num_blocks: int = field(default=256, converter=to_int())
+    prefix_cache: bool = field(default=True, converter=to_bool())
+    drafter: str = field(default="none", converter=to_choice(("none", *DRAFTER_NAMES)))
+    k: int = field(default=4, converter=to_int())
+    chunk_size: int | None = field(default=None, converter=attrs.Converter(_chunk_size, takes_field=True))
+    token_budget: int = field(default=4096, converter=to_int())
+    max_batch: int = field(default=64, converter=to_int())
+    pool_tokens: int | None = field(default=None, converter=to_int(allow_none=True))
+    fault: str | None = field(default=None, converter=_fault)
+    introspection: bool = field(default=True, converter=to_bool())
+
+    def engine_config(self) -> EngineConfig:
+        num_blocks = -(-self.pool_tokens // self.block_size) if self.pool_tokens else self.num_blocks
+        return EngineConfig(block_size=self.block_size, num_blocks=num_blocks, enable_prefix_cache=self.prefix_cache,
+                            drafter=self.drafter, k=self.k, chunk_size=self.chunk_size,
+                            token_budget=self.token_budget, max_batch=self.max_batch)
+
+    def with_knobs(self, knobs: Mapping[str, Any]) -> "ReferenceArgs":
+        """These arguments with some engine knobs changed (a configuration); other names are a UsageError."""
+        unknown = set(knobs) - set(KNOBS)
+        if unknown:
+            raise UsageError(f"unknown reference engine argument(s) {sorted(unknown)}; known: {', '.join(KNOBS)}")
+        return attrs.evolve(self, **knobs)
 
 
 # The one process-wide object of this adapter, and why it is safe to share: `Weights` maps what
@@ -98,36 +153,22 @@ def shared_registry() -> ModelRegistry:
 
 
 def engine_config(knobs: Mapping[str, Any]) -> EngineConfig:
-    unknown = set(knobs) - set(KNOBS)
-    if unknown:
-        raise UsageError(f"unknown reference engine argument(s) {sorted(unknown)}; known: {', '.join(KNOBS)}")
-    m = {**DEFAULTS, **{k: v for k, v in knobs.items()}}
-    drafter = choice_arg("drafter", m["drafter"], ("none", *DRAFTER_NAMES))
-    block_size = int_arg("block_size", m["block_size"])
-    pool_tokens = int_arg("pool_tokens", m["pool_tokens"], allow_none=True)
-    num_blocks = -(-pool_tokens // block_size) if pool_tokens else int_arg("num_blocks", m["num_blocks"])
-    return EngineConfig(block_size=block_size, num_blocks=num_blocks,
-                        enable_prefix_cache=bool_arg("prefix_cache", m["prefix_cache"]), drafter=drafter,
-                        k=int_arg("k", m["k"]),
-                        chunk_size=int_arg("chunk_size", None if str(m["chunk_size"]) == "0" else m["chunk_size"],
-                                           allow_none=True),
-                        token_budget=int_arg("token_budget", m["token_budget"]), max_batch=int_arg("max_batch", m["max_batch"]))
+    """The engine configuration for knob strings (the defaults for those not given); `kvparity serve`
+    builds its engine from the same arguments."""
+    return ReferenceArgs().with_knobs(knobs).engine_config()
 
 
 class ReferenceAdapter:
     """The Engine contract (conformance/contract.py) over reference_engine.Engine; introspectable."""
 
-    def __init__(self, **knobs: Any) -> None:
-        fault = knobs.pop("fault", None)
-        self.fault = None if fault is None or str(fault).lower() in ("", "none", "off") else str(fault)
-        self.introspection = bool_arg("introspection", knobs.pop("introspection", "true"))
-        if self.fault is not None:
-            try:
-                fault_names(self.fault)  # one fault, or several joined by "+"
-            except KeyError as exc:
-                raise UsageError(f"fault={self.fault!r}: {exc.args[0]}") from None
-        self.defaults = {**DEFAULTS, **{k: str(v) for k, v in knobs.items()}}
-        engine_config(self.defaults)  # validate now: bad engine arguments are a usage error
+    def __init__(self, args: ReferenceArgs | None = None, **engine_args: Any) -> None:
+        """From parsed arguments, or from engine-argument strings (`ReferenceAdapter(k="2")`)."""
+        if args is None:
+            args = parse(ReferenceArgs, "reference", engine_args)
+        elif engine_args:
+            raise UsageError("ReferenceAdapter: pass ReferenceArgs or engine arguments, not both")
+        self.args = args
+        self.fault, self.introspection = args.fault, args.introspection
         self.registry = shared_registry()
         self.engine: Engine | None = None
         self.configure({})
@@ -152,12 +193,10 @@ class ReferenceAdapter:
             adapters=tuple(f"{name}@{digest}" for name in sorted(self.registry.adapters())
                            for digest in sorted(self.registry.known_weights())),
             introspection=self.introspection, baseline_mode=True, tolerance=0.0,
-            config_space=CONFIG_SPACE, knob_roles=KNOB_ROLES, min_hit_prompt=c.block_size + 1,
-            context_limits={"pool_tokens": {str(v): v for v in CONFIG_SPACE["pool_tokens"]}},
-            landmarks=shipped_landmarks())
+            knobs=KNOB_TABLE, min_hit_prompt=c.block_size + 1, landmarks=shipped_landmarks())
 
     def configure(self, config: Mapping[str, Any]) -> None:
-        self.config = engine_config({**self.defaults, **{k: str(v) for k, v in config.items()}})
+        self.config = self.args.with_knobs({k: str(v) for k, v in config.items()}).engine_config()
         try:
             self.engine = build_engine(self.config, self.registry, self.fault)
         except ValueError as e:

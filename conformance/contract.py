@@ -10,7 +10,7 @@ Everything here is frozen and slotted (attrs) so a history can be hashed, compar
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import attrs
 from attrs import field, frozen
@@ -164,7 +164,79 @@ class Landmarks:
                    d.get("same_text", ()), d.get("search_s"), d.get("unsteered_accepted", False))
 
 
+def _limits(limits: Mapping[Any, Any] | Sequence[Sequence[Any]] | None) -> dict[Any, int]:
+    items = limits.items() if isinstance(limits, Mapping) else (limits or ())
+    return {value: int(n) for value, n in items}
+
+
 @frozen
+class Knob:
+    """One engine configuration knob, stated once: everything the strategies and checks need to know
+    about it, where earlier versions spread it over four parallel maps of `Capabilities`.
+
+    `values`: what the strategies may configure, the first being what shrinking goes to (the
+    declared default). `role`: which claim a difference in it tests, one of KNOB_ROLES (None: undeclared,
+    which `validation.capabilities` refuses). `prefix_caching_off`: the values that switch prefix caching
+    off (the positive control expects no hit under them). `context_limits`: value -> the most tokens
+    (prompt + max_tokens) one request may take under it, for values that hold fewer than `max_context`
+    (a KV pool of a few blocks is how an engine is made to evict under short requests, and it cannot
+    hold a long one); the strategies keep requests within it."""
+
+    name: str
+    values: tuple[Any, ...] = field(converter=tuple)
+    role: str | None = None
+    prefix_caching_off: tuple[Any, ...] = field(default=(), converter=tuple)
+    context_limits: Mapping[Any, int] = field(factory=dict, converter=_limits)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Knob":
+        """A recorded knob. JSON object keys are strings: a context limit's key names the value whose
+        str() it is (the same match the strategies' lookup makes)."""
+        values = tuple(d.get("values") or ())
+        by_str = {str(v): v for v in values}
+        limits = {by_str.get(str(k), k): n for k, n in (d.get("context_limits") or {}).items()}
+        return cls(str(d["name"]), values, d.get("role"), tuple(d.get("prefix_caching_off") or ()), limits)
+
+
+def _knob_tuple(knobs: Sequence[Knob | Mapping[str, Any]]) -> tuple[Knob, ...]:
+    return tuple(k if isinstance(k, Knob) else Knob.from_json(k) for k in knobs)
+
+
+# The four per-knob maps of earlier versions: still read (constructor arguments, old histories).
+LEGACY_KNOB_MAPS = ("config_space", "knob_roles", "prefix_caching_off", "context_limits")
+
+
+def knobs_from_maps(config_space: Mapping[str, Sequence[Any]] | None = None,
+                    knob_roles: Mapping[str, str] | None = None,
+                    prefix_caching_off: Mapping[str, Sequence[Any]] | None = None,
+                    context_limits: Mapping[str, Mapping[Any, int]] | None = None) -> tuple[Knob, ...]:
+    """The four maps of earlier versions as knobs, in `config_space` order. A context limit keyed by
+    str(value) is keyed by that value (a key matching no value is kept as it is). Entries for knobs
+    outside `config_space` are dropped: no configuration can name them."""
+    roles, off, limits = knob_roles or {}, prefix_caching_off or {}, context_limits or {}
+    knobs = []
+    for name, values in (config_space or {}).items():
+        by_str = {str(v): v for v in values}
+        per_value = {by_str.get(str(k), k): n for k, n in (limits.get(name) or {}).items()}
+        knobs.append(Knob(name, values, roles.get(name), off.get(name, ()), per_value))
+    return tuple(knobs)
+
+
+def knob_views(knobs: Sequence[Knob]) -> dict[str, dict[str, Any]]:
+    """The four maps of earlier versions, derived from the knobs (what strategies and checks read)."""
+    return {name: _VIEWS[name](knobs) for name in LEGACY_KNOB_MAPS}
+
+
+_VIEWS: dict[str, Callable[[Sequence[Knob]], dict[str, Any]]] = {
+    "config_space": lambda knobs: {k.name: k.values for k in knobs},
+    "knob_roles": lambda knobs: {k.name: k.role for k in knobs if k.role is not None},
+    "prefix_caching_off": lambda knobs: {k.name: k.prefix_caching_off for k in knobs if k.prefix_caching_off},
+    "context_limits": lambda knobs: {k.name: {str(v): n for v, n in k.context_limits.items()}
+                                     for k in knobs if k.context_limits},
+}
+
+
+@frozen(init=False)
 class Capabilities:
     """What an engine claims. Claims drive both the strategies and the vacuity guard: a claimed
     capability the run never exercised makes the run inconclusive, not a pass."""
@@ -188,18 +260,11 @@ class Capabilities:
     baseline_mode: bool = False
     # Tie tolerance tau: a divergence where the baseline margin is below tau is a near-tie, not a failure.
     tolerance: float = 0.0
-    # Engine configurations the strategies may draw from: knob -> allowed values (the first is what
-    # shrinking goes to). Each knob declares in `knob_roles` which claim a difference in it tests, one of
-    # KNOB_ROLES; `prefix_caching_off` names the knob values that switch prefix caching off (the
-    # positive control expects no hit under them).
-    config_space: Mapping[str, tuple[Any, ...]] = field(factory=dict)
-    knob_roles: Mapping[str, str] = field(factory=dict)
-    prefix_caching_off: Mapping[str, tuple[Any, ...]] = field(factory=dict)
-    # Configurations that hold fewer tokens per request than `max_context`: knob -> {str(value): the most
-    # tokens (prompt + max_tokens) one request may take under it}. A KV pool of a few blocks is how an
-    # engine is made to evict under short requests, and it cannot hold a long one (vLLM refuses to start
-    # with max_model_len above its KV capacity); the strategies keep requests within it.
-    context_limits: Mapping[str, Mapping[str, int]] = field(factory=dict)
+    # Engine configurations the strategies may draw from, one `Knob` each (its values, role, which values
+    # switch prefix caching off, context limits). The four per-knob maps of earlier versions
+    # (`config_space`, `knob_roles`, `prefix_caching_off`, `context_limits`) are read-only views of
+    # these, and still accepted as constructor arguments (converted here, see `__init__`).
+    knobs: tuple[Knob, ...] = field(default=(), converter=_knob_tuple)
     # Shortest prompt (in tokens) that can produce a prefix hit at all (vLLM CPU: a full block + 1).
     min_hit_prompt: int = 2
     version: str = ""
@@ -207,6 +272,40 @@ class Capabilities:
     # Which oracle judges this run, in words ("reference (float64)", "self (generate, bfloat16)"); the
     # report names it, since a self-judged pass says less than a reference-judged one.
     oracle: str = ""
+
+    def __init__(self, *args: Any, config_space: Mapping[str, Sequence[Any]] | None = None,
+                 knob_roles: Mapping[str, str] | None = None,
+                 prefix_caching_off: Mapping[str, Sequence[Any]] | None = None,
+                 context_limits: Mapping[str, Mapping[str, int]] | None = None, **kwargs: Any) -> None:
+        """The attrs fields, plus the four maps of earlier versions: adapters written against them (and
+        `attrs.evolve(caps, config_space=...)`) keep working. A map given replaces that view; the views
+        not given are kept from `knobs`, so evolving one map keeps what the others said."""
+        legacy = {"config_space": config_space, "knob_roles": knob_roles,
+                  "prefix_caching_off": prefix_caching_off, "context_limits": context_limits}
+        if any(v is not None for v in legacy.values()):
+            kept = knob_views(_knob_tuple(kwargs.get("knobs", ())))
+            kwargs["knobs"] = knobs_from_maps(**{k: kept[k] if v is None else v for k, v in legacy.items()})
+        self.__attrs_init__(*args, **kwargs)
+
+    @property
+    def config_space(self) -> Mapping[str, tuple[Any, ...]]:
+        """knob -> allowed values (the first is what shrinking goes to)."""
+        return _VIEWS["config_space"](self.knobs)
+
+    @property
+    def knob_roles(self) -> Mapping[str, str]:
+        """knob -> which claim a difference in it tests (one of KNOB_ROLES); knobs without a role left out."""
+        return _VIEWS["knob_roles"](self.knobs)
+
+    @property
+    def prefix_caching_off(self) -> Mapping[str, tuple[Any, ...]]:
+        """knob -> the values that switch prefix caching off; knobs without such values left out."""
+        return _VIEWS["prefix_caching_off"](self.knobs)
+
+    @property
+    def context_limits(self) -> Mapping[str, Mapping[str, int]]:
+        """knob -> {str(value): most tokens per request}, the shape the strategies look values up in."""
+        return _VIEWS["context_limits"](self.knobs)
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import attrs
 
 from conformance import untrusted
-from conformance.contract import Baseline, Capabilities, Identity, Request, Result
+from conformance.contract import LEGACY_KNOB_MAPS, Baseline, Capabilities, Identity, Knob, Request, Result
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
@@ -80,15 +80,21 @@ def baseline_from(d: Mapping[str, Any]) -> Baseline:
 
 
 def capabilities_from(d: Mapping[str, Any]) -> Capabilities:
+    """A recorded `Capabilities`. Histories record `knobs`; older ones the four per-knob maps
+    (`config_space`, ...), which `Capabilities` converts to knobs; the oldest no `knob_roles`."""
     d = dict(d)
     d["revisions"] = tuple(d.get("revisions", ("a",)))
     d["adapters"] = tuple(d.get("adapters", ()))
-    d["config_space"] = {k: tuple(v) for k, v in (d.get("config_space") or {}).items()}
-    d["prefix_caching_off"] = {k: tuple(v) for k, v in (d.get("prefix_caching_off") or {}).items()}
-    if "knob_roles" not in d:  # written before knobs declared their roles
-        d["knob_roles"] = {k: legacy_knob_role(k) for k in d["config_space"]}
-        d["prefix_caching_off"] = {k: ("false", "0", "off", "none") for k in d["config_space"] if "prefix" in k.lower()}
-    known = {a.name for a in attrs.fields(Capabilities)}
+    if "knobs" in d:
+        d["knobs"] = tuple(Knob.from_json(k) for k in d["knobs"] or ())
+    else:
+        d["config_space"] = {k: tuple(v) for k, v in (d.get("config_space") or {}).items()}
+        d["prefix_caching_off"] = {k: tuple(v) for k, v in (d.get("prefix_caching_off") or {}).items()}
+        if "knob_roles" not in d:  # written before knobs declared their roles
+            d["knob_roles"] = {k: legacy_knob_role(k) for k in d["config_space"]}
+            d["prefix_caching_off"] = {k: ("false", "0", "off", "none") for k in d["config_space"]
+                                       if "prefix" in k.lower()}
+    known = {a.name for a in attrs.fields(Capabilities)} | set(LEGACY_KNOB_MAPS)
     return Capabilities(**{k: v for k, v in d.items() if k in known})
 
 

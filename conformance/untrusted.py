@@ -200,15 +200,33 @@ def check_configs(configs: Iterable[Mapping[str, Any]], space: Mapping[str, Sequ
         check_config(config, space, where)
 
 
+def _a_knob(k: Any) -> bool:
+    """A recorded knob's shape (conformance.contract.Knob as JSON), before anything reads it."""
+    return (isinstance(k, Mapping) and isinstance(k.get("name"), str) and isinstance(k.get("values"), list)
+            and isinstance(k.get("prefix_caching_off", []), list) and isinstance(k.get("context_limits", {}), Mapping))
+
+
+def recorded_space(caps: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """knob -> declared values, from a run_start's capabilities: its `knobs` (each a mapping with a
+    name and values), or the `config_space` map that histories recorded before knobs were one value."""
+    if "knobs" not in caps:
+        space = caps.get("config_space") or {}
+        if not isinstance(space, Mapping):
+            raise UsageError(f"{where}: run_start's config_space is not a mapping")
+        return space
+    knobs = caps.get("knobs") or []
+    if not isinstance(knobs, list) or not all(_a_knob(k) for k in knobs):
+        raise UsageError(f"{where}: run_start's knobs are not a list of named knobs with lists of values")
+    return {k["name"]: k.get("values") for k in knobs}
+
+
 def check_history_configs(events: Sequence[Mapping[str, Any]], where: str) -> None:
     """A history's `config` events against the config_space its own `run_start` declared: the suite
     only ever draws from that space, so anything else was written by someone else."""
     caps = events[0].get("capabilities") if events else None
     if not isinstance(caps, Mapping):
         return  # no declared space to hold the configurations to (a session's events)
-    space = caps.get("config_space") or {}
-    if not isinstance(space, Mapping):
-        raise UsageError(f"{where}: run_start's config_space is not a mapping")
+    space = recorded_space(caps, where)
     for number, ev in enumerate(events):
         if ev.get("event") == "config":
             check_config(ev.get("config") or {}, space, f"{where} event {number + 1}")

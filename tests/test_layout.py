@@ -56,9 +56,11 @@ def test_adapters_top_level_is_engines_and_their_shared_helpers():
             continue
         if path.suffix != ".py":
             stray.append(f"{path.name} (not a Python module)")
-        elif path.stem not in engines | SHARED_HELPERS | {f"{e}_versions" for e in engines}:
-            # <engine>_versions.py: the one place an adapter keeps what differs between engine releases
-            stray.append(f"{path.name} (neither a registered engine adapter, its _versions module nor a listed shared helper)")
+        elif path.stem not in engines | SHARED_HELPERS | {f"{e}_{part}" for e in engines for part in ("versions", "args")}:
+            # <engine>_versions.py: the one place an adapter keeps what differs between engine releases;
+            # <engine>_args.py: its engine arguments as one typed, frozen class
+            stray.append(f"{path.name} (neither a registered engine adapter, its _versions or _args module nor a "
+                         f"listed shared helper)")
     assert not stray, "adapters/ holds one module per engine plus shared helpers; move these: " + ", ".join(stray)
     for module in engines | SHARED_HELPERS:
         assert (ADAPTERS / f"{module}.py").is_file() or (ADAPTERS / module / "__init__.py").is_file(), module

@@ -42,7 +42,7 @@ greedy margin from there on), so that parity compares like with like. Stop ids c
 mode, so the output is cut after the first stop id client-side (greedy decoding is causal: the tokens
 before a stop do not depend on it).
 
-Engine arguments (strings):
+Engine arguments (strings, parsed into the frozen `OpenAIHttpArgs`, adapters/openai_http/args.py):
   base_url=, serve=, model=  (the served model name; default: kvparity when serving, else the first of /v1/models)
   prompt_mode=tokens|text    tokens: the prompt is a list of token ids (vLLM accepts them);
                              text: the prompt is decoded with the shipped tokenizer (servers that reject ids,
@@ -78,7 +78,6 @@ HTTP errors and malformed JSON raise EngineError with a one-line cause (an `erro
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -86,7 +85,8 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
-from adapters.engine_args import bool_arg, num_arg
+from adapters.engine_args import engine_arguments, num_arg, parse
+from adapters.openai_http.args import OpenAIHttpArgs
 from adapters.openai_http.server import ServerProcess, kvparity_command, llama_cpp_command, vllm_command, vllm_env
 from adapters.openai_http.text import TOKEN_ID, TextChannel
 from adapters.openai_http.transport import Http, free_port, prometheus_totals
@@ -101,85 +101,51 @@ LORAS = ("upper", "rot13")
 class OpenAIHttpAdapter:
     """The Engine contract over an OpenAI-compatible `/v1/completions` endpoint."""
 
-    def __init__(self, base_url: str = "", serve: str = "", model: str = "", prompt_mode: str = "tokens",
-                 salt: str = "auto", adapters: str = "auto", lora: str = "true", reset: str = "auto",
-                 spec: str = "none", k: str | int = 3, max_num_batched_tokens: str = "none",
-                 block_size: str | int = 32, timeout: str | float = 120, startup_timeout: str | float = 600,
-                 tolerance: str | float = "auto", logprobs: str = "auto", gguf: str = "",
-                 port: str | int = 0, revision: str = "a", name: str = "", extra_body: str = "",
-                 scope: str = "tenant", fault: str = "", knobs: str = "", arrival: str = "stagger",
-                 stagger_ms: str | float = 10) -> None:
+    @engine_arguments(OpenAIHttpArgs)
+    def __init__(self, args: OpenAIHttpArgs | None = None, **engine_args: Any) -> None:
+        """From parsed arguments, or from engine-argument strings (`OpenAIHttpAdapter(serve="kvparity")`)."""
         from adapters import checkpoint_info
         from reference_engine import checkpoints
 
-        self._ckpt = checkpoints
+        if args is None:
+            args = parse(OpenAIHttpArgs, "openai_http", engine_args)
+        elif engine_args:
+            raise UsageError("OpenAIHttpAdapter: pass OpenAIHttpArgs or engine arguments, not both")
+        self.args, self._ckpt = args, checkpoints
         # model=PATH (a local folder): the checkpoint the server serves; its vocabulary, eos, context and
         # tokenizer are read from it (adapters.checkpoint_info). Any other model= is the served name.
+        model = args.model
         self.checkpoint = model if model and Path(model).expanduser().is_dir() else ""
         self.info = checkpoint_info.read(self.checkpoint) if self.checkpoint else checkpoint_info.shipped()
         self.max_context, model = min(self.info.max_context, 4096), "" if self.checkpoint else model
-        if bool(base_url) == bool(serve):
-            raise UsageError("give exactly one of base_url=URL (attach) or serve=vllm|llama_cpp|kvparity (start a server)")
-        if serve not in ("", "vllm", "llama_cpp", "kvparity"):
-            raise UsageError(f"serve={serve!r}: choose vllm, llama_cpp or kvparity")
-        if arrival not in ("stagger", "serial"):
-            raise UsageError(f"arrival={arrival!r}: choose stagger or serial")
-        self.arrival, self.stagger_s = arrival, num_arg("stagger_ms", stagger_ms, float, 0) / 1000.0
-        if serve != "kvparity" and (fault or knobs or scope != "tenant"):
-            raise UsageError("scope=, fault= and knobs= only apply with serve=kvparity")
-        self.scope, self.fault = scope, fault or None
-        self.knobs = self._parse_knobs(knobs)
-        if prompt_mode not in ("tokens", "text"):
-            raise UsageError(f"prompt_mode={prompt_mode!r}: choose tokens or text")
-        if spec not in ("none", "ngram", "draft"):
-            raise UsageError(f"spec={spec!r}: choose none, ngram or draft")
-        if spec != "none" and serve != "vllm":
-            raise UsageError("spec= only applies with serve=vllm")
-        if revision not in checkpoints.REVISIONS:
-            raise UsageError(f"revision={revision!r}: shipped revisions are {sorted(checkpoints.REVISIONS)}")
-        if serve == "llama_cpp":
-            prompt_mode = "text"  # llama-cpp-python's server rejects token-id prompts
-        self.serve, self.prompt_mode, self.revision = serve, prompt_mode, revision
-        self.block_size = int(num_arg("block_size", block_size, int, 1))
-        self.timeout = num_arg("timeout", timeout, float, 1)
-        self.startup_timeout = num_arg("startup_timeout", startup_timeout, float, 1)
-        if str(tolerance) == "auto":  # kvparity serve computes on the oracle's own float64 weights: exact
-            tolerance = 0.0 if serve == "kvparity" else DEFAULT_TOLERANCE
-        if serve == "kvparity" and logprobs == "auto":  # its logprobs are a recompute (adapters/commands/serve/app.py)
-            logprobs = "false"
-        self.tolerance = num_arg("tolerance", tolerance)
-        self.want_logprobs = bool_arg("logprobs", "true" if logprobs == "auto" else logprobs)
-        try:
-            self.extra_body = json.loads(extra_body) if extra_body else {}
-        except ValueError:
-            raise UsageError(f"extra_body={extra_body!r} is not JSON") from None
-        if not isinstance(self.extra_body, dict):
-            raise UsageError("extra_body= must be a JSON object")
-        self.lora = bool_arg("lora", lora) and serve == "vllm"
+        self.arrival, self.stagger_s = args.arrival, args.stagger_ms / 1000.0
+        self.scope, self.fault, self.knobs = args.scope, args.fault, dict(args.knobs)
+        self.serve, self.prompt_mode, self.revision = args.serve, args.effective_prompt_mode(), args.revision
+        self.block_size, self.timeout, self.startup_timeout = args.block_size, args.timeout, args.startup_timeout
+        self.tolerance = args.effective_tolerance(DEFAULT_TOLERANCE)
+        self.want_logprobs = args.effective_logprobs()
+        self.extra_body = dict(args.extra_body)
         self.loras = tuple(a for a in LORAS if (checkpoints.adapter_dir(a) / "adapter_model.safetensors").exists())
-        self.lora = self.lora and bool(self.loras)
-        self.spec, self.k = spec, int(num_arg("k", k, int, 1))
-        self.budget = None if str(max_num_batched_tokens).lower() in ("none", "") else int(
-            num_arg("max_num_batched_tokens", max_num_batched_tokens, int, 32))
-        self.gguf = gguf
-        self.label = name or (f"openai_http-{serve}" if serve else "openai_http")
+        self.lora = args.lora and self.serve == "vllm" and bool(self.loras)
+        self.spec, self.k, self.budget = args.spec, args.k, args.max_num_batched_tokens
+        self.gguf = args.gguf
+        self.label = args.name or (f"openai_http-{self.serve}" if self.serve else "openai_http")
         self.server: ServerProcess | None = None
-        self.text = TextChannel(self._tokenizer, prompt_mode == "text")
+        self.text = TextChannel(self._tokenizer, self.prompt_mode == "text")
         self._oracle = ReferenceOracle(self.info.eos_id, self.checkpoint or None)
         self.epoch = 0
         self.version = "unknown"
         self._ids_from_server = False  # set by the first (probe) completion: output ids exact, not re-encoded
-        if serve:
-            base_url = self._start_server(int(num_arg("port", port, int, 0)))
+        base_url = self._start_server(args.port) if self.serve else args.base_url
         self.http = Http(base_url, self.timeout)
         try:
-            self.model = model or ("kvparity" if serve else self._first_model())
-            self.salt = (serve in ("vllm", "kvparity")) if str(salt).lower() == "auto" else bool_arg("salt", salt)
-            if str(adapters).lower() == "auto":
-                self.adapters = self.loras if self.lora or serve == "kvparity" else ()
+            self.model = model or ("kvparity" if self.serve else self._first_model())
+            self.salt = args.effective_salt()
+            if args.adapters is None:
+                self.adapters = self.loras if self.lora or self.serve == "kvparity" else ()
             else:
-                self.adapters = tuple(a.strip() for a in adapters.split(",") if a.strip())
-            self.reset_mode = self._choose_reset(reset)
+                self.adapters = args.adapters
+            self.reset_mode = self._choose_reset(args.reset)
             self.reports_cached = self._probe_cached_tokens()
             self.version = self._server_version()
         except BaseException:
@@ -248,8 +214,6 @@ class OpenAIHttpAdapter:
         return "unknown"
 
     def _choose_reset(self, reset: str) -> str:
-        if reset not in ("auto", "endpoint", "salt", "none"):
-            raise UsageError(f"reset={reset!r}: choose auto, endpoint, salt or none")
         if reset != "auto":
             return reset
         if self.serve in ("vllm", "kvparity"):
@@ -286,7 +250,7 @@ class OpenAIHttpAdapter:
             reports_cached_tokens=self.reports_cached, speculation=spec, reports_drafts=spec,
             chunked_prefill=self.budget is not None, evicts=False, top2_logits=self.want_logprobs,
             identities=frozenset(identities), revisions=(self.revision,), adapters=tuple(self.adapters),
-            introspection=False, baseline_mode=False, tolerance=self.tolerance, config_space={},
+            introspection=False, baseline_mode=False, tolerance=self.tolerance, knobs=(),
             min_hit_prompt=self.block_size + 1)
 
     def configure(self, config: Mapping[str, Any]) -> None:
@@ -394,17 +358,6 @@ class OpenAIHttpAdapter:
 
     def _sends_stop_ids(self) -> bool:
         return self.serve == "vllm" or self.prompt_mode == "tokens"
-
-    @staticmethod
-    def _parse_knobs(text: str) -> dict[str, str]:
-        """`chunk_size:5,pool_tokens:64` -> {"chunk_size": "5", "pool_tokens": "64"} (checked by the server)."""
-        out = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            key, sep, value = part.partition(":")
-            if not sep or not key:
-                raise UsageError(f"knobs={text!r}: expected KNOB:VALUE,KNOB:VALUE")
-            out[key.strip()] = value.strip()
-        return out
 
     def _one(self, q: Request, box: list, i: int, start: float, offset: float) -> None:
         try:
