@@ -46,7 +46,7 @@ def generated_run(fault: str, mode: str) -> tuple[str, str]:
 
 
 def main() -> int:
-    from conformance.cli import replay_case
+    from conformance.witness_replay import replay_case
     from reference_engine.faults import FAULTS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -240,7 +240,7 @@ class RunOutcome:
     report_error: str | None = None  # the report files could not be written (disk full)
     first_failing: dict[str, int] = attrs.Factory(dict)  # check -> the first example that failed it
     closed: bool = False  # run_suite(close=True) closed the engine (its failure, if any, is in the history)
-    stop_code: int = 130  # the exit code of an interrupted run: 128 + the signal (conformance.stopping)
+    stop_code: int = ExitCode.INTERRUPTED  # the exit code of an interrupted run: 128 + the signal (conformance.stopping)
     seed: int | None = None  # the Hypothesis seed the stream was drawn from (None: derandomised, as ci is)
     step_kinds: dict[str, int] = attrs.Factory(dict)  # kind -> steps drawn (conformance.step_counts)
     shrink_capped: bool = False  # shrinking ended at `max_shrink_seconds`: the witness is the smallest so far

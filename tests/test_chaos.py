@@ -1,6 +1,6 @@
 """The chaos suite: engines that raise, hang, end the process or answer malformed values, in every call
 of the contract — each run ends `error` or `fail`, never `pass`, with its history kept and `kvparity
-report` agreeing. Runs go through the real console entry (`python -m conformance`, supervised) in a
+report` agreeing. Runs go through the real console entry (`python -m kvparity`, supervised) in a
 subprocess, because ending the process is one of the things an engine can do.
 
 The engine is the test-only `ChaosEngine` (tests/chaos_engine.py), a FAKE named as such.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
+from kvparity.cli import main
 from conformance.history import load
 
 CHAOS = "chaos_engine:ChaosEngine"
@@ -29,7 +29,7 @@ NEVER = {0: "pass", 2: "inconclusive"}
 
 def kvparity(*args: str, cwd: Path, timeout: float = 120, **popen: object) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvparity", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout, **popen)
 
 
@@ -139,7 +139,7 @@ def start(tmp_path: Path, chaos: str) -> subprocess.Popen:
     # SIGINT at its default, as a terminal starts a job: an ignored SIGINT is inherited across exec and
     # Python then keeps ignoring it (POSIX, as for a `nohup` job). In the full CI run something earlier in
     # the same xdist worker left SIGINT ignored, and the Ctrl-C test's child ran on to the end.
-    return subprocess.Popen([sys.executable, "-m", "conformance", *args], cwd=tmp_path, env=env,
+    return subprocess.Popen([sys.executable, "-m", "kvparity", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 

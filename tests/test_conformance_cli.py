@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
+from kvparity.cli import main
 from conformance.minimise import size
 from conformance.strategies import step_from_json
 from conformance.registry import load_engine, parse_engine_args
@@ -212,7 +212,7 @@ def test_registry_constructs_adapters_with_string_arguments():
 
 def test_console_script_entry_point(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    proc = subprocess.run([sys.executable, "-c", "import sys; from conformance.cli import main; sys.exit(main())",
+    proc = subprocess.run([sys.executable, "-c", "import sys; from kvparity.cli import main; sys.exit(main())",
                            "run", "--engine", FAKE, "--report-dir", str(tmp_path), "--max-examples", "5",
                            "--checks", "parity"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

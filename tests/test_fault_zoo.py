@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import adapters.reference as ref
-from adapters.commands.fault_zoo import (DEFAULT_OUT, FaultSummary, ZooRow, ZooRun, bars, build_parser,
+from kvparity.commands.fault_zoo import (DEFAULT_OUT, FaultSummary, ZooRow, ZooRun, bars, build_parser,
                                          describe_steps, measure, render, witness_dir)
-from conformance import cli
-from conformance.cli import replay_case
+from kvparity import cli
+from conformance.witness_replay import replay_case
 from conformance.contract import UsageError
 from conformance.runner import PROFILES
 from reference_engine.block_pool import BlockPool
@@ -250,7 +250,7 @@ def no_engine(monkeypatch):
     """Fail the test if the command gets as far as running the suite."""
     def refuse(*args, **kwargs):
         raise AssertionError("the zoo ran an engine for a usage error")
-    monkeypatch.setattr("adapters.commands.fault_zoo.measure", refuse)
+    monkeypatch.setattr("kvparity.commands.fault_zoo.measure", refuse)
 
 
 @pytest.mark.parametrize("argv", [["--profile", "bogus"], ["--faults", "salt_ignored,no_such_fault"],

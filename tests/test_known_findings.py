@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conformance import known
-from conformance.cli import main
+from kvparity.cli import main
 from conformance.contract import UsageError
 from conformance.runner import run_suite
 from conformance.signature import Signature, normalise

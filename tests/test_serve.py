@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("aiohttp", reason="kvparity serve needs the serve extra (aiohttp)")
 
 from adapters.openai_http import OpenAIHttpAdapter, prometheus_totals  # noqa: E402
-from adapters.commands.serve.app import cache_salt  # noqa: E402
-from adapters.commands.serve.loop import EngineFailed, EngineLoop, RequestRefused  # noqa: E402
+from kvparity.commands.serve.app import cache_salt  # noqa: E402
+from kvparity.commands.serve.loop import EngineFailed, EngineLoop, RequestRefused  # noqa: E402
 from conformance.contract import Identity, Request  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -126,7 +126,7 @@ def test_a_short_suite_run_passes(served, tmp_path):
 
 def test_salt_ignored_witness_fails_through_the_server():
     """(The correct server passes the suite above; this is the other way round.)"""
-    from conformance.cli import replay_case
+    from conformance.witness_replay import replay_case
 
     got, _, detail = replay_case(WITNESS, {"serve": "kvparity", "block_size": "16", "fault": "salt_ignored"},
                                  timeout_s=120, engine="openai_http")
@@ -143,7 +143,7 @@ def test_global_scope_drops_tenancy_and_user_scope_keeps_both():
 @pytest.mark.parametrize("args", [["--cache-scope", "everyone"], ["--fault", "nope"],
                                   ["--engine-arg", "block_size=zero"], ["--port", "70000"]])
 def test_bad_serve_arguments_exit_3_with_one_line(args, capsys):
-    from adapters.commands.serve import main
+    from kvparity.commands.serve import main
 
     assert main(args) == 3
     err = capsys.readouterr().err
