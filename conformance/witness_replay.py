@@ -59,7 +59,7 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
     """
     from conformance import validation
     from conformance.calls import EngineCalls
-    from conformance.runner import replay
+    from conformance.scenario_runner import replay
     from conformance.strategies import Configure
     from conformance.untrusted import check_configs, refuse_remote_hosts
 

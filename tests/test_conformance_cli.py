@@ -142,7 +142,7 @@ def test_help_shows_every_default(capsys):
 
 
 def test_default_report_dir_is_untracked():
-    from conformance.runner import DEFAULT_REPORT_DIR
+    from conformance.run_config import DEFAULT_REPORT_DIR
 
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(["git", "check-ignore", "-q", DEFAULT_REPORT_DIR + "/x"], cwd=root)
@@ -211,7 +211,8 @@ def test_registry_constructs_adapters_with_string_arguments():
 
 
 def test_console_script_entry_point(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    here = Path(__file__).parent  # the tests' fakes, and this checkout's code (not an installed copy)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
     proc = subprocess.run([sys.executable, "-c", "import sys; from kvparity.cli import main; sys.exit(main())",
                            "run", "--engine", FAKE, "--report-dir", str(tmp_path), "--max-examples", "5",
                            "--checks", "parity"], env=env, capture_output=True, text=True, timeout=300)

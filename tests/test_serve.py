@@ -108,13 +108,13 @@ def test_concurrent_requests_run_in_one_batch(served):
 
 def test_a_short_suite_run_passes(served, tmp_path):
     from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
 
     # The dev profile's 12 examples settle every claim (closing steps) but need not reach every one of the
     # ~20 situations (which stream a seed draws depends on the modules imported before it, i.e. on test
     # order): `exercised` may then be inconclusive, naming only unreached situations; no check may fail.
     # The CI profile's 100 take ~3 min here.
-    out = run_suite(served, engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=5,
-                    database_dir=tmp_path, shrink=False)
+    out = run_suite(served, RunConfig(engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=5, database_dir=tmp_path, shrink=False))
     checks = out.analysis.checks
     assert all(r.status in ("pass", "skip") for c, r in checks.items() if c != "exercised"), checks
     exercised = checks["exercised"]

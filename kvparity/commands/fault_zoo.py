@@ -37,9 +37,9 @@ from kvparity.parsing import UsageParser, output_dir, output_file, run_command, 
 from conformance.arguments import positive_int, positive_seconds
 from conformance.analysis import failing_examples, select_checks
 from conformance.contract import UsageError
-from conformance.history import load
 from conformance.minimise import minimise_from, witness_size
-from conformance.runner import PROFILES, profile_settings, run_suite
+from conformance.run_config import PROFILES, RunConfig, profile_settings
+from conformance.runner import run_suite
 from conformance.strategies import Batch, Configure, step_from_json, step_to_json
 from reference_engine.checkpoints import CHECKPOINTS
 from reference_engine.faults import FAULTS
@@ -179,12 +179,13 @@ def measure(fault: str | None, *, profile: str = "ci", max_examples: int | None 
 
     engine = new_engine()
     with tempfile.TemporaryDirectory() as db:  # a fresh example database: no replay of old failures
-        out = run_suite(engine, engine_name=f"reference-{fault or 'control'}",
-                        engine_args={"fault": fault or "none"}, profile=profile,
-                        report_dir=report_dir or Path(db) / "reports", max_examples=max_examples,
-                        database_dir=db, shrink=shrink, seed=seed, max_shrink_seconds=shrink_seconds,
-                        keep_looking=False)  # examples and time to the first failure, as measured
-        history = load(out.run_dir / "history.jsonl")
+        config = RunConfig(engine_name=f"reference-{fault or 'control'}", engine_args={"fault": fault or "none"},
+                           profile=profile, report_dir=report_dir or Path(db) / "reports",
+                           max_examples=max_examples, database_dir=db, shrink=shrink, seed=seed,
+                           max_shrink_seconds=shrink_seconds,
+                           keep_looking=False)  # examples and time to the first failure, as measured
+        out = run_suite(engine, config)
+        history = out.history
     names = select_checks(None)
     failing = list(failing_examples(history, names))
     first = failing[0] if failing else None

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-import json
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seconds
 from conformance.engine_lifecycle import Session, build_engine, close_engine
-from conformance.contract import UsageError
 from conformance.exit_codes import ExitCode
 from conformance.reproduce import DEFAULT_MAX_SHRINK_SECONDS, seed_line
 from conformance.step_counts import table
@@ -23,7 +21,7 @@ from kvparity.parsing import UsageParser, run_command, summary
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from conformance.runner import DEFAULT_REPORT_DIR, PROFILES
+    from conformance.run_config import DEFAULT_REPORT_DIR, PROFILES
 
     run = UsageParser(prog="kvparity run", description=summary(__doc__))
     run.add_argument("--engine", required=True, help="adapter name (see `kvparity engines`) or module:Class")
@@ -63,65 +61,73 @@ def build_parser() -> argparse.ArgumentParser:
     return run
 
 
+def config_from(args: argparse.Namespace, calibration: Any, known: Any) -> Any:
+    """The run's configuration, validated once (conformance.run_config): bad checks, profile or
+    --strict-known without --known are a one-line usage error before any engine is built."""
+    from conformance.registry import parse_engine_args
+    from conformance.run_config import RunConfig
+
+    return RunConfig(engine_name=args.engine, engine_args=parse_engine_args(args.engine_arg),
+                     profile=args.profile, checks=[c for c in args.checks.split(",") if c.strip()],
+                     report_dir=args.report_dir, seed=args.seed, max_examples=args.max_examples,
+                     timeout_s=args.timeout, shrink=not args.no_shrink,
+                     max_shrink_seconds=args.max_shrink_seconds,
+                     tolerance=calibration.tau if calibration else None,
+                     calibration=calibration.path if calibration else None, close=True,
+                     known_findings=known, strict_known=args.strict_known)
+
+
 def work(args: argparse.Namespace, session: Session) -> int:
+    import attrs
+
     from conformance import numerics, status
-    from conformance.analysis import select_checks
-    from conformance.progress import Progress
-    from conformance.report import print_summary
-    from conformance.registry import parse_engine_args, resolve
     from conformance.known import load as load_known
-    from conformance.runner import new_run_dir, profile_settings, run_suite
+    from conformance.progress import Progress
+    from conformance.registry import resolve
+    from conformance.report import print_summary
+    from conformance.run_folder import new_run_dir
+    from conformance.run_handlers import ReportWriter
+    from conformance.runner import run_suite
     from kvparity.parsing import writable_folder
 
-    engine_args = parse_engine_args(args.engine_arg)
-    checks = select_checks([c for c in args.checks.split(",") if c.strip()])
-    profile_settings(args.profile)
     calibration = numerics.load_calibration(args.calibration) if args.calibration else None
-    known = load_known(args.known) if args.known else None
-    if args.strict_known and known is None:
-        raise UsageError("--strict-known needs --known FILE")
-    report_dir = writable_folder(args.report_dir, "--report-dir")
-    resolve(args.engine)  # an unknown engine is a usage error before anything is built
-    engine = build_engine(args.engine, engine_args, args.timeout)
+    config = config_from(args, calibration, load_known(args.known) if args.known else None)
+    report_dir = writable_folder(config.report_dir, "--report-dir")
+    resolve(config.engine_name)  # an unknown engine is a usage error before anything is built
+    engine = build_engine(config.engine_name, dict(config.engine_args), config.timeout_s)
     if args.accept_unsteered:
         from conformance.situations import accept_unsteered
 
         accept_unsteered(engine)
-    run_dir = new_run_dir(report_dir, args.engine)
-    status.tell(run_dir=str(run_dir))
-    outcome = run_suite(engine, engine_name=args.engine, engine_args=engine_args, profile=args.profile,
-                        checks=checks, run_dir=run_dir, seed=args.seed, max_examples=args.max_examples,
-                        timeout_s=args.timeout, shrink=not args.no_shrink, max_shrink_seconds=args.max_shrink_seconds,
-                        tolerance=calibration.tau if calibration else None,
-                        calibration=calibration.path if calibration else None,
-                        progress=None if args.quiet else Progress(), close=True, known_findings=known,
-                        strict_known=args.strict_known)
+    config = attrs.evolve(config, run_dir=new_run_dir(report_dir, config.engine_name))
+    status.tell(run_dir=str(config.run_dir))
+    said: list[str] = []  # what the report writer says (minimised witnesses, numerics), after the summary
+    new_engine = lambda: build_engine(config.engine_name, dict(config.engine_args), config.timeout_s)  # noqa: E731
+    minimise = (lambda outcome: minimise_failures(outcome, new_engine, config.timeout_s, config.engine_name,
+                                                  said.append)) if args.minimise else None
+    report = ReportWriter(calibration, minimise, said.append)
+    outcome = run_suite(engine, config, [report] if args.quiet else [Progress(), report])
     # The engine is closed (a failing close is an error event of the history) before the report is
     # written, so the exit code, every report file and `kvparity report` tell one verdict.
     session.hard_exit = outcome.abandoned or outcome.interrupted
-    print_summary(outcome.analysis, outcome.run_dir, args.engine)
+    print_summary(outcome.analysis, outcome.run_dir, config.engine_name)
     if outcome.report_error:
         print(f"ERROR: {outcome.report_error}")
-    minimised = {}
-    if args.minimise and not outcome.interrupted and not outcome.report_error:
-        minimised = minimise_failures(outcome, lambda: build_engine(args.engine, engine_args, args.timeout),
-                                      args.timeout, args.engine)
-    if minimised:  # one writer of the report: rewrite it with what minimising found
-        from conformance.history import load
-        from conformance.report import write_report
+    for line in said:
+        print(line)
+    return finish(args, outcome, engine)
 
-        try:
-            write_report(outcome.run_dir, load(outcome.run_dir / "history.jsonl"), outcome.analysis,
-                         minimised=minimised)
-        except OSError as exc:
-            outcome.report_error = f"cannot write the report in {outcome.run_dir}: {exc}"
-            print(f"ERROR: {outcome.report_error}")
-    numerics_summary(outcome.run_dir, calibration)
+
+def finish(args: argparse.Namespace, outcome: Any, engine: Any) -> int:
+    """The run's last lines (step counts, the seed line that reruns it, the verdict) and its exit code;
+    an interrupted run's engine is closed here, after its report."""
+    from conformance import status
+
     a = outcome.analysis
     code = outcome.exit_code
     if outcome.report_error and not outcome.interrupted:
-        code = ExitCode.USAGE  # no report files: the run ends as an error, whatever it found
-    word = "INTERRUPTED" if outcome.interrupted else "ERROR" if code == ExitCode.USAGE else a.verdict.upper()
+        code = ExitCode.ERROR  # no report files: the run ends as an error, whatever it found
+    word = "INTERRUPTED" if outcome.interrupted else "ERROR" if code == ExitCode.ERROR else a.verdict.upper()
     if outcome.shrink_capped:
         print(f"shrinking stopped at --max-shrink-seconds {args.max_shrink_seconds:g}: each witness is the smallest "
               f"failure found by then (a larger cap, or --minimise, may shrink it further)")
@@ -136,42 +142,22 @@ def work(args: argparse.Namespace, session: Session) -> int:
     return code
 
 
-def numerics_summary(run_dir: Path, calibration: Any) -> None:
-    """Near-ties by margin band and feature, and the features flagged for flipping near-ties more often
-    than plain mode (conformance.numerics): printed and written as numerics.json beside the report."""
-    from conformance import numerics
-    from conformance.history import load
-    from conformance.run_folder import write_text
-
-    try:
-        summary = numerics.summarise(load(run_dir / "history.jsonl"), calibration)
-        write_text(run_dir, "numerics.json", json.dumps(summary, indent=1))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"numerics: not summarised ({type(exc).__name__}: {exc})")
-        return
-    for line in numerics.summary_lines(summary):
-        print(line)
-
-
 def minimise_failures(outcome: Any, new_engine: Callable[[], Any], timeout_s: float,
-                      engine: str | None = None) -> dict[str, str]:
+                      engine: str | None = None, say: Callable[[str], None] = print) -> dict[str, str]:
     """Minimise one witness per failed check, from the witness (the shrunk example) and from the run's
-    first example that failed the check; check -> the line saying what came of it."""
-    from conformance.history import load
+    first example that failed the check (from the outcome's History, not re-read from disk); check ->
+    the line saying what came of it."""
     from conformance.strategies import step_from_json
 
     minimised: dict[str, str] = {}
-    try:
-        examples = {ex.index: ex for ex in load(outcome.run_dir / "history.jsonl").examples}
-    except (OSError, ValueError):  # the history is unreadable: minimise from the witness files alone
-        examples = {}
+    examples = {ex.index: ex for ex in outcome.history.examples}
     for f in outcome.analysis.failures:
         witness = outcome.run_dir / "witnesses" / (f.case_id + ".json")
         if f.check not in minimised and witness.is_file():
             first = examples.get(outcome.first_failing.get(f.check, -1))
             also = [[step_from_json(s) for s in first.steps()]] if first else []
             minimised[f.check] = line = minimise_line(witness, new_engine, timeout_s, engine, also=also)
-            print(f"  minimised [{f.check}]: {line}")
+            say(f"  minimised [{f.check}]: {line}")
     return minimised
 
 

@@ -39,7 +39,7 @@ from kvparity.commands.mutate.suite import run_suite_on
 from conformance.arguments import positive_int, positive_seconds
 from conformance.exit_codes import ExitCode
 from conformance.contract import UsageError
-from conformance.runner import PROFILES
+from conformance.run_config import PROFILES
 
 DEFAULT_OUT = Path(".kvparity") / "mutation"
 MODES = {"blackbox": (True,), "whitebox": (False,), "both": (True, False)}

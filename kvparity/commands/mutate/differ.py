@@ -49,7 +49,7 @@ def draw_scenarios(n: int, seed: int, profile: str, blackbox: bool) -> list[list
     from hypothesis import seed as hypothesis_seed
 
     from adapters.reference import ReferenceAdapter
-    from conformance.runner import PROFILES
+    from conformance.run_config import PROFILES
     from conformance.strategies import scenarios, step_to_json
 
     caps = ReferenceAdapter(**engine_args(blackbox)).capabilities()
@@ -84,7 +84,7 @@ def observe(engine_kwargs: Mapping[str, str], scenarios: Sequence[Sequence[Mappi
     from conformance.contract import EngineError
     from conformance.history import HistoryWriter
     from conformance.oracle import Oracle
-    from conformance.runner import ScenarioRunner
+    from conformance.scenario_runner import ScenarioRunner
     from conformance.strategies import step_from_json
 
     class NoBaselines(Oracle):
