@@ -219,7 +219,7 @@ def _keep_length_modulo_block(steps: list[Step], default_block_size: int):
 
 def witness_steps(path: str | Path) -> list[Step]:
     """The steps of a witness file, for measuring it (`kvparity replay` reads a file through
-    `cli.read_witness`, which also checks what it names before anything runs)."""
+    `conformance.witness_replay.read_witness`, which also checks what it names before anything runs)."""
     return [step_from_json(s) for s in read_json(path, "witness")["steps"]]
 
 
