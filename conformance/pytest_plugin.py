@@ -27,10 +27,9 @@ from typing import Any, Iterator
 
 import pytest
 
+from conformance.arguments import DEFAULT_REPORT_DIR, DEFAULT_TIMEOUT_S
 from conformance.exit_codes import ExitCode
 
-DEFAULT_REPORT_DIR = ".kvparity/runs"
-DEFAULT_TIMEOUT_S = 300.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -16,10 +16,9 @@ from typing import Any, Mapping, Sequence
 import attrs
 from hypothesis import HealthCheck, Phase, settings
 
+from conformance.arguments import DEFAULT_REPORT_DIR, DEFAULT_TIMEOUT_S
 from conformance.contract import UsageError
 
-DEFAULT_REPORT_DIR = ".kvparity/runs"  # untracked (git-ignored): a user's run never writes into reports/
-DEFAULT_TIMEOUT_S = 300.0
 PROFILES = {"dev": 4, "ci": 5, "nightly": 8}  # profile -> max steps per scenario
 
 QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
