@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         if profiler:
             profiler.enable()
-        outcome = run_suite(engine, RunConfig(engine_name=args.engine, profile=args.profile, report_dir=out, database_dir=out), calls=calls)
+        outcome = run_suite(engine, RunConfig(engine_name=args.engine, profile=args.profile, report_dir=out,
+                                              database_dir=out), calls=calls)
         if profiler:
             profiler.disable()
         wall = time.perf_counter() - started

@@ -38,7 +38,8 @@ def generated_run(fault: str, mode: str) -> tuple[str, str]:
                                 arrival=mode)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            out = run_suite(adapter, RunConfig(engine_name="openai_http", profile="dev", report_dir=tmp, seed=0, database_dir=tmp, shrink=False))
+            out = run_suite(adapter, RunConfig(engine_name="openai_http", profile="dev", report_dir=tmp, seed=0,
+                                               database_dir=tmp, shrink=False))
     finally:
         adapter.close()
     failing = [name for name, c in out.analysis.checks.items() if getattr(c, "status", "") == "fail"]

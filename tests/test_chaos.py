@@ -186,6 +186,7 @@ def test_disk_full_while_writing_the_history_is_an_error_not_a_traceback(tmp_pat
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "history.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
-    outcome = run_suite(ChaosEngine(), RunConfig(engine_name=CHAOS, run_dir=run_dir, max_examples=5, shrink=False, database_dir=tmp_path / "db"))
+    outcome = run_suite(ChaosEngine(), RunConfig(engine_name=CHAOS, run_dir=run_dir, max_examples=5, shrink=False,
+                                                 database_dir=tmp_path / "db"))
     assert outcome.verdict == "error" and outcome.exit_code == 3
     assert any("No space left on device" in e for e in outcome.analysis.errors)

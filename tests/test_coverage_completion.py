@@ -34,7 +34,8 @@ class WrongOnCompletion(FakeDictEngine):
 
 def _run(engine, tmp_path, name, **kw):
     kw.setdefault("timeout_s", 30)
-    return run_suite(engine, RunConfig(engine_name=name, profile="dev", report_dir=tmp_path / "reports", database_dir=tmp_path / "db", shrink=False, **kw))
+    return run_suite(engine, RunConfig(engine_name=name, profile="dev", report_dir=tmp_path / "reports",
+                                       database_dir=tmp_path / "db", shrink=False, **kw))
 
 
 def _events(outcome, kind):

@@ -35,7 +35,9 @@ def test_each_seed_draws_its_own_streams_and_a_seed_always_the_same(tmp_path):
     from tests.fake_engine import FakeDictEngine
 
     def streams(seed: int | None, n: int) -> list:
-        out = run_suite(FakeDictEngine(), RunConfig(engine_name="fake", profile="ci", report_dir=tmp_path / f"r{n}", seed=seed, max_examples=4, database_dir=tmp_path / f"db{n}", shrink=False, timeout_s=5))
+        out = run_suite(FakeDictEngine(), RunConfig(engine_name="fake", profile="ci", report_dir=tmp_path / f"r{n}",
+                                                    seed=seed, max_examples=4, database_dir=tmp_path / f"db{n}",
+                                                    shrink=False, timeout_s=5))
         return [ex.steps() for ex in load(out.run_dir / "history.jsonl").examples]
 
     zero = streams(0, 0)

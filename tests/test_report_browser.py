@@ -39,7 +39,12 @@ def failing_report(tmp_path_factory) -> Path:
     from conformance.run_config import RunConfig
 
     tmp = tmp_path_factory.mktemp("browser")
-    outcome = run_suite(ReferenceAdapter(fault="rejected_draft_committed"), RunConfig(engine_name="reference", engine_args={"fault": "rejected_draft_committed"}, profile="ci", max_examples=30, report_dir=tmp / "runs", database_dir=tmp / "db", shrink=False, timeout_s=60))
+    outcome = run_suite(ReferenceAdapter(fault="rejected_draft_committed"), RunConfig(engine_name="reference",
+                                                                                      engine_args={"fault": "rejected_draft_committed"},
+                                                                                      profile="ci", max_examples=30,
+                                                                                      report_dir=tmp / "runs",
+                                                                                      database_dir=tmp / "db",
+                                                                                      shrink=False, timeout_s=60))
     assert outcome.verdict == "fail", {k: v.status for k, v in outcome.analysis.checks.items()}
     return outcome.run_dir / "report.html"
 

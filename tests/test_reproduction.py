@@ -82,7 +82,10 @@ def test_max_shrink_seconds_ends_shrinking_and_keeps_the_witness(tmp_path):
     from conformance.runner import run_suite
     from conformance.run_config import RunConfig
 
-    out = run_suite(ReferenceAdapter(fault="salt_ignored"), RunConfig(engine_name="reference", profile="dev", seed=FAULT_SEED, report_dir=tmp_path, database_dir=tmp_path / "db", max_shrink_seconds=0.0001))
+    out = run_suite(ReferenceAdapter(fault="salt_ignored"), RunConfig(engine_name="reference", profile="dev",
+                                                                      seed=FAULT_SEED, report_dir=tmp_path,
+                                                                      database_dir=tmp_path / "db",
+                                                                      max_shrink_seconds=0.0001))
     assert out.verdict == "fail" and out.analysis.checks["isolation"].status == "fail"
     first = out.first_failing["isolation"]
     recorded = [ev for ev in _history(out.run_dir) if ev["event"] == "example"]

@@ -114,7 +114,8 @@ def test_a_short_suite_run_passes(served, tmp_path):
     # ~20 situations (which stream a seed draws depends on the modules imported before it, i.e. on test
     # order): `exercised` may then be inconclusive, naming only unreached situations; no check may fail.
     # The CI profile's 100 take ~3 min here.
-    out = run_suite(served, RunConfig(engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=5, database_dir=tmp_path, shrink=False))
+    out = run_suite(served, RunConfig(engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=5,
+                                      database_dir=tmp_path, shrink=False))
     checks = out.analysis.checks
     assert all(r.status in ("pass", "skip") for c, r in checks.items() if c != "exercised"), checks
     exercised = checks["exercised"]

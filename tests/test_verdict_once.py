@@ -140,6 +140,7 @@ def test_a_run_whose_report_cannot_be_written_safely_is_an_error(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "results.json").symlink_to(outside)
-    outcome = run_suite(FakeDictEngine(), RunConfig(engine_name=FAKE, run_dir=run_dir, max_examples=3, shrink=False, database_dir=tmp_path / "db", checks=["parity"]))
+    outcome = run_suite(FakeDictEngine(), RunConfig(engine_name=FAKE, run_dir=run_dir, max_examples=3, shrink=False,
+                                                    database_dir=tmp_path / "db", checks=["parity"]))
     assert outcome.report_error and "is a symlink" in outcome.report_error
     assert outside.read_text() == "{}"
