@@ -1,6 +1,6 @@
 """kvparity adapter for llama.cpp through llama-cpp-python (token-level API: `Llama.generate`).
 
-What it drives (all real llama-cpp-python code paths, f32 GGUF exported by adapters.commands.export_gguf):
+What it drives (all real llama-cpp-python code paths, f32 GGUF exported by adapters.gguf_export):
 
 * **In-context prefix reuse** - `Llama.generate` keeps the longest common prefix of its current context
   and the new prompt (re-evaluating the last prompt token, or sampling straight from live logits when
@@ -183,7 +183,7 @@ class LlamaCppAdapter:
         self.args = args
         self._llama_cpp, speculative = _import_llama_cpp()
         self.features = versions.probe(self._llama_cpp, speculative)
-        from adapters.commands import export_gguf as gguf_export
+        from adapters import gguf_export
         from reference_engine import checkpoints
 
         self._ckpt = checkpoints

@@ -6,7 +6,7 @@ without cache_salt and with different salts).
 
     python benchmarks/audit_timing_loopback.py --out reports/audit-timing [--runs 10] [--letters 800] [--vllm]
 
-Each audit is the real command (`python -m adapters.commands.audit_timing`) against a real server process
+Each audit is the real command (`python -m kvparity.commands.audit_timing`) against a real server process
 on a free 127.0.0.1 port; each writes its own folder (report.md, results.json, ttft.png) and this script
 writes summary.json and prints a table.
 """
@@ -49,7 +49,7 @@ def start_vllm() -> tuple[ServerProcess, str]:
 
 def audit(url: str, out: pathlib.Path, *args: str) -> dict:
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "adapters.commands.audit_timing", "--base-url", url, "--out", str(out),
+    p = subprocess.run([sys.executable, "-m", "kvparity.commands.audit_timing", "--base-url", url, "--out", str(out),
                         *args], cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - t0
     if p.returncode == 3 or not (out / "results.json").exists():

@@ -20,7 +20,7 @@ import time
 def run_once(engine: str, seed: int, report_dir: str) -> tuple[int, float, float, str]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--engine", engine, "--profile", "ci",
+    proc = subprocess.run([sys.executable, "-m", "kvparity", "run", "--engine", engine, "--profile", "ci",
                            "--seed", str(seed), "--report-dir", report_dir], capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

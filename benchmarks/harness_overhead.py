@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from conformance.calls import EngineCalls
     from conformance.engines import load_engine
     from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
 
     engine = load_engine(args.engine)
     calls = EngineCalls(300.0)
@@ -42,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         if profiler:
             profiler.enable()
-        outcome = run_suite(engine, engine_name=args.engine, profile=args.profile, report_dir=out,
-                            database_dir=out, calls=calls)
+        outcome = run_suite(engine, RunConfig(engine_name=args.engine, profile=args.profile, report_dir=out,
+                                              database_dir=out), calls=calls)
         if profiler:
             profiler.disable()
         wall = time.perf_counter() - started

@@ -39,7 +39,7 @@ def seed_list(text: str) -> list[int]:
 
 
 def run_command(engine: str, args: list[str], profile: str, seed: int | None, report_dir: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "conformance", "run", "--engine", engine, "--profile", profile,
+    cmd = [sys.executable, "-m", "kvparity", "run", "--engine", engine, "--profile", profile,
            "--report-dir", str(report_dir), "-q"]
     for a in args:
         cmd += ["--engine-arg", a]

@@ -24,7 +24,7 @@ from conformance.situations import coverage
 
 def run(seed: int, profile: str, out: Path) -> tuple[Path, float, int]:
     t0 = time.perf_counter()
-    code = subprocess.call([sys.executable, "-m", "conformance", "run", "--engine", "reference", "--profile", profile,
+    code = subprocess.call([sys.executable, "-m", "kvparity", "run", "--engine", "reference", "--profile", profile,
                             "--seed", str(seed), "--report-dir", str(out), "-q"], stdout=subprocess.DEVNULL)
     return Path(sorted(glob.glob(str(out / "*" / "*" / "history.jsonl")))[-1]), time.perf_counter() - t0, code
 

@@ -32,13 +32,14 @@ def generated_run(fault: str, mode: str) -> tuple[str, str]:
 
     from adapters.openai_http import OpenAIHttpAdapter
     from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
 
     adapter = OpenAIHttpAdapter(serve="kvparity", block_size="16", fault="" if fault == "none" else fault,
                                 arrival=mode)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            out = run_suite(adapter, engine_name="openai_http", profile="dev", report_dir=tmp, seed=0,
-                            database_dir=tmp, shrink=False)
+            out = run_suite(adapter, RunConfig(engine_name="openai_http", profile="dev", report_dir=tmp, seed=0,
+                                               database_dir=tmp, shrink=False))
     finally:
         adapter.close()
     failing = [name for name, c in out.analysis.checks.items() if getattr(c, "status", "") == "fail"]
@@ -46,7 +47,7 @@ def generated_run(fault: str, mode: str) -> tuple[str, str]:
 
 
 def main() -> int:
-    from conformance.cli import replay_case
+    from conformance.witness_replay import replay_case
     from reference_engine.faults import FAULTS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

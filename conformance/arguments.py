@@ -7,6 +7,7 @@ import argparse
 import math
 
 DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_REPORT_DIR = ".kvparity/runs"  # untracked (git-ignored): a user's run never writes into reports/
 
 
 def positive_int(text: str) -> int:

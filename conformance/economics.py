@@ -1,5 +1,5 @@
 """Economics: does an optimization pay? Pure analysis over `Result`s (and, where a driver recorded one, a
-per-step trace of plain dicts). Imports no engine — `adapters/commands/bench/` runs engines and hands us data.
+per-step trace of plain dicts). Imports no engine — `kvparity/commands/bench/` runs engines and hands us data.
 
 Correctness is half the story (the checks); this module measures the other half:
 

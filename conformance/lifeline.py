@@ -26,6 +26,8 @@ import signal
 import threading
 import time
 
+from conformance.exit_codes import ExitCode
+
 HEARTBEAT_ENV = "KVPARITY_HEARTBEAT_FD"
 SUPERVISOR_ENV = "KVPARITY_SUPERVISOR_PID"
 BEAT_INTERVAL_S = 0.5
@@ -74,4 +76,4 @@ def _end_group() -> None:
         if os.getpgid(0) == os.getpid():  # a group of its own, as the supervisor starts it
             os.killpg(os.getpid(), signal.SIGKILL)
     finally:
-        os._exit(3)
+        os._exit(ExitCode.ERROR)

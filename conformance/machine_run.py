@@ -35,9 +35,9 @@ def run_machine(o: dict[str, Any]) -> int:
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from conformance.cli import build_engine, close_engine
+    from conformance.engine_lifecycle import build_engine, close_engine
     from conformance.contract import EngineError, UsageError
-    from conformance.runner import profile_settings
+    from conformance.run_config import profile_settings
     from conformance.stateful import EngineBroken, session_machine
 
     timeout_s = float(o["timeout_s"])

@@ -32,7 +32,7 @@ from conformance.history_facts import config_block_size
 from conformance.contract import Capabilities, Engine
 from conformance.history_codec import capabilities_from
 from conformance.run_folder import write_text
-from conformance.runner import replay
+from conformance.scenario_runner import replay
 from conformance.strategies import MAX_NEW, Batch, Configure, Step, step_from_json, step_to_json
 from conformance.untrusted import read_json
 
@@ -219,7 +219,7 @@ def _keep_length_modulo_block(steps: list[Step], default_block_size: int):
 
 def witness_steps(path: str | Path) -> list[Step]:
     """The steps of a witness file, for measuring it (`kvparity replay` reads a file through
-    `cli.read_witness`, which also checks what it names before anything runs)."""
+    `conformance.witness_replay.read_witness`, which also checks what it names before anything runs)."""
     return [step_from_json(s) for s in read_json(path, "witness")["steps"]]
 
 

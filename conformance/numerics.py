@@ -4,7 +4,7 @@ In bf16/fp16 plain decoding is not batch-invariant: the same request alone and i
 logits that differ in the last bits, and where the top-1/top-2 margin is smaller than that difference the
 argmax flips. A flip there is numerics, not a KV-reuse bug; a flip at a margin well above it is a bug. So
 tau — the margin below which a divergence counts as a near-tie — is *measured*: `kvparity calibrate`
-(adapters/commands/calibrate.py) runs plain mode against itself under different batch compositions and
+(kvparity/commands/calibrate.py) runs plain mode against itself under different batch compositions and
 positions, and against the oracle, and records the distribution of margin differences; tau is a
 distribution-free upper confidence bound on a high quantile of it (`quantile_bound`).
 

@@ -3,7 +3,7 @@ the state machine.
 
 An engine can end the process it runs in (`os._exit(0)`) or hang; in pytest's own process the first
 ended the session with exit 0 and no output, and a timed-out call in the state machine could still let
-its test pass. So no engine runs in the pytest process. The stream is `python -m conformance run ...`,
+its test pass. So no engine runs in the pytest process. The stream is `python -m kvparity run ...`,
 the command `kvparity run` runs in its child; the state machine is `python -m conformance.machine_run`.
 This process plays the supervisor (`conformance.supervisor`): each child tells its run folder and exit
 code through a status file, and here they are checked against each other and against what the run wrote.
@@ -78,7 +78,7 @@ def stream_argv(o: dict[str, Any]) -> list[str]:
 
 def run_stream(o: dict[str, Any]) -> StreamOutcome:
     """Run the stream as `kvparity run` does, in a child; its outcome, or a RunProblem saying why not."""
-    returncode, status, output = _child(stream_argv(o), "conformance", float(o["timeout_s"]))
+    returncode, status, output = _child(stream_argv(o), "kvparity", float(o["timeout_s"]))
     run_dir = Path(status["run_dir"]).resolve() if status.get("run_dir") else None
     if "exit" not in status:
         with contextlib.redirect_stdout(io.StringIO()):  # the report says it; the message below too

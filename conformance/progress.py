@@ -76,6 +76,13 @@ class Progress:
             return done % self.target == 0 and (done // self.target) & (done // self.target - 1) == 0
         return bool(self.every) and done % self.every == 0
 
+    def on_event(self, event: Mapping[str, Any]) -> None:
+        """A run handler (conformance.run_handlers): each history event moves the line."""
+        self.event(event)
+
+    def on_end(self, outcome: Any) -> None:
+        """A run handler: the line is already finished when the run's verdict is known."""
+
     def finish(self) -> None:
         """The run ended: the last state, on a line of its own."""
         if self.tty:

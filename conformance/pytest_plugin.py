@@ -6,7 +6,7 @@ is inert in every other pytest run (the project's own `pytest tests/` included).
 Fail closed, as `kvparity run` does: an inconclusive check (a claimed capability never exercised, an
 oracle that could not decide) fails its test unless `--kvparity-allow-inconclusive` is given — a CI job
 must not go green on a run that proved nothing. Bad option values are a usage error before anything runs.
-No engine runs in the pytest process: the stream is `python -m conformance run` in a child and the state
+No engine runs in the pytest process: the stream is `python -m kvparity run` in a child and the state
 machine a child of its own (`conformance.plugin_runs`), so an engine that calls `os._exit(0)` or hangs
 fails the session instead of ending it green; a child that dies, or whose exit code disagrees with its
 `results.json`, is an error. The session's last lines say where the run's report is.
@@ -27,8 +27,9 @@ from typing import Any, Iterator
 
 import pytest
 
-DEFAULT_REPORT_DIR = ".kvparity/runs"
-DEFAULT_TIMEOUT_S = 300.0
+from conformance.arguments import DEFAULT_REPORT_DIR, DEFAULT_TIMEOUT_S
+from conformance.exit_codes import ExitCode
+
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -151,7 +152,7 @@ def run_stream(config: pytest.Config, o: dict[str, Any]) -> Any:
         problem = exc
     remember_run_dir(config, problem.run_dir)
     if isinstance(problem, Interrupted):
-        pytest.exit(str(problem), returncode=130)
+        pytest.exit(str(problem), returncode=ExitCode.INTERRUPTED)
     pytest.fail(f"the stream run failed: {problem}", pytrace=False)
 
 
@@ -167,7 +168,7 @@ def run_machine(o: dict[str, Any]) -> None:
     except RunProblem as exc:  # failed outside the handler: one message, no "during handling" chain
         problem = exc
     if isinstance(problem, Interrupted):
-        pytest.exit(str(problem), returncode=130)
+        pytest.exit(str(problem), returncode=ExitCode.INTERRUPTED)
     pytest.fail(str(problem), pytrace=False)
 
 

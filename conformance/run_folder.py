@@ -16,6 +16,7 @@ it may not.
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import os
 import stat
 from pathlib import Path, PurePosixPath
@@ -92,3 +93,16 @@ def clear_folder(run_dir: str | os.PathLike[str], relative: str) -> None:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                 os.unlink(name, dir_fd=fd)
+
+
+def new_run_dir(report_dir: str | os.PathLike[str], engine_name: str) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    base = Path(report_dir) / engine_name.replace(":", "_").replace("/", "_")
+    run_dir = base / (stamp + (f"-{worker}" if worker else ""))
+    n = 1
+    while run_dir.exists():
+        n += 1
+        run_dir = base / f"{stamp}-{n}" if not worker else base / f"{stamp}-{worker}-{n}"
+    run_dir.mkdir(parents=True)
+    return run_dir

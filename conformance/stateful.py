@@ -29,7 +29,8 @@ from conformance.calls import EngineCalls
 from conformance.contract import Capabilities, Engine, EngineError
 from conformance.history import HistoryBuilder, HistoryWriter
 from conformance.oracle import Oracle
-from conformance.runner import ConformanceFailure, ScenarioRunner
+from conformance.runner import ConformanceFailure
+from conformance.scenario_runner import ScenarioRunner
 from conformance.strategies import STEP_KINDS, Configure, Stream, draw_step
 
 

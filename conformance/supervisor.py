@@ -106,8 +106,8 @@ class _StopSignals:
 
 
 def supervise(argv: Sequence[str]) -> int:
-    """Parent side: run `python -m conformance ARGV` as a child and answer for it if it dies or hangs."""
-    returncode, status, killed, first_signal = _supervised(argv, "conformance", None, heartbeat_limit(argv))
+    """Parent side: run `python -m kvparity ARGV` as a child and answer for it if it dies or hangs."""
+    returncode, status, killed, first_signal = _supervised(argv, "kvparity", None, heartbeat_limit(argv))
     if "exit" in status:
         return int(status["exit"])
     return _answer_for_dead_child(argv[0], returncode, status, killed, first_signal)
@@ -236,7 +236,7 @@ def _report_dead_run(run_dir: Path, cause: str, stopped: str | None = None) -> i
 # --------------------------------------------------------------------------- for other supervisors
 
 
-def run_child(argv: Sequence[str], module: str = "conformance", stdout: Any = None,
+def run_child(argv: Sequence[str], module: str = "kvparity", stdout: Any = None,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
     """Run `python -m MODULE ARGV` as a supervised child, for a caller that answers for it in its own
     process (the pytest plugin): the same heartbeat deadline (`timeout_s` + the margin), stop signals and

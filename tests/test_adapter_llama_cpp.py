@@ -38,7 +38,7 @@ def gguf_dir(tmp_path_factory):
 
 @needs_gguf
 def test_permute_rope_is_a_row_permutation():
-    from adapters.commands.export_gguf import permute_rope
+    from adapters.gguf_export import permute_rope
 
     w = np.arange(128 * 3, dtype=np.float32).reshape(128, 3)
     p = permute_rope(w, 4)
@@ -51,7 +51,7 @@ def test_permute_rope_is_a_row_permutation():
 def test_export_writes_every_tensor_and_the_tokenizer(gguf_dir):
     import gguf
 
-    from adapters.commands.export_gguf import export_gguf
+    from adapters.gguf_export import export_gguf
 
     path = export_gguf("tiny-target-a", gguf_dir)
     assert path.name.startswith("tiny-target-a-") and path.suffix == ".gguf"
@@ -67,7 +67,7 @@ def test_export_writes_every_tensor_and_the_tokenizer(gguf_dir):
 
 @needs_gguf
 def test_export_cli_lists_paths(gguf_dir, capsys):
-    from adapters.commands.export_gguf import main
+    from kvparity.commands.export_gguf import main
 
     assert main(["--out-dir", str(gguf_dir), "tiny-target-b"]) == 0
     assert "tiny-target-b" in capsys.readouterr().out
@@ -126,7 +126,7 @@ def test_gguf_greedy_equals_reference_baseline(revision, lora, gguf_dir):
     up to near-ties below tau; the logit error it makes is well below tau (the justification of TOLERANCE)."""
     import torch
 
-    from adapters.commands.export_gguf import export_gguf
+    from adapters.gguf_export import export_gguf
     from adapters.llama_cpp import TOLERANCE
     from reference_engine.model import DenseKV
 
@@ -340,7 +340,7 @@ def test_openai_server_text_mode(gguf_dir):
     for mod in ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"llama-cpp-python[server] extra missing: {mod}")
-    from adapters.commands.export_gguf import export_gguf
+    from adapters.gguf_export import export_gguf
     from adapters.openai_http import OpenAIHttpAdapter
     from conformance.oracle import compare
 

@@ -201,9 +201,10 @@ def test_vllm_server_parity_salt_and_reset(served):
 @pytest.mark.thirdparty
 def test_vllm_server_short_suite_run(served, tmp_path):
     from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
 
-    out = run_suite(served, engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=3, max_examples=3,
-                    database_dir=tmp_path)
+    out = run_suite(served, RunConfig(engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=3,
+                                      max_examples=3, database_dir=tmp_path))
     assert out.verdict in ("pass", "inconclusive"), out.analysis.checks
 
 

@@ -142,9 +142,10 @@ def test_chunked_prefill_config_reports_chunks(adapter):
 @pytest.mark.thirdparty
 def test_short_suite_run(adapter, tmp_path):
     from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
 
-    out = run_suite(adapter, engine_name="vllm", profile="dev", report_dir=tmp_path, seed=5, max_examples=3,
-                    database_dir=tmp_path)
+    out = run_suite(adapter, RunConfig(engine_name="vllm", profile="dev", report_dir=tmp_path, seed=5,
+                                       max_examples=3, database_dir=tmp_path))
     assert out.verdict in ("pass", "inconclusive"), out.analysis.checks
 
 

@@ -186,7 +186,7 @@ def test_transformers_adapter_on_a_users_checkpoint_declares_its_vocabulary(big_
 
 
 def test_kvparity_run_on_a_large_vocabulary_checkpoint(big_vocab, tmp_path):
-    from conformance.cli import main
+    from kvparity.cli import main
 
     code = main(["run", "--engine", "transformers", "--engine-arg", f"model={big_vocab}",
                  "--engine-arg", "modes=generate,prompt_lookup", "--max-examples", "3", "--no-shrink",

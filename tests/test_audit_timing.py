@@ -15,18 +15,18 @@ import pytest
 pytest.importorskip("aiohttp", reason="kvparity serve needs the serve extra (aiohttp)")
 pytest.importorskip("scipy", reason="the audit's KS test needs scipy (serve extra)")
 
-from adapters.commands.audit_timing import decide, is_loopback, main  # noqa: E402
-from adapters.commands.audit_timing.decision import Plan, ks_faster  # noqa: E402
-from adapters.commands.audit_timing.procedure import LevelResult, Procedure  # noqa: E402
+from kvparity.commands.audit_timing import decide, is_loopback, main  # noqa: E402
+from kvparity.commands.audit_timing.decision import Plan, ks_faster  # noqa: E402
+from kvparity.commands.audit_timing.procedure import LevelResult, Procedure  # noqa: E402
 
 
 class InProcessServer:
-    """`kvparity serve` (adapters.commands.serve.build + its aiohttp app) on a free 127.0.0.1 port, in a thread."""
+    """`kvparity serve` (kvparity.commands.serve.build + its aiohttp app) on a free 127.0.0.1 port, in a thread."""
 
     def __init__(self, scope: str, **engine_args: str) -> None:
         from aiohttp import web
 
-        from adapters.commands.serve.build import build
+        from kvparity.commands.serve.build import build
 
         self.server = build(scope=scope, engine_args=engine_args)
         self.loop = asyncio.new_event_loop()
@@ -76,7 +76,7 @@ def test_global_scope_is_detected_across_tenants(server, tmp_path):
     assert code == 1 and row["verdict"] == "sharing detected"
     assert row["pvalue"] < 1e-8 and row["probes"] <= 500
     assert (tmp_path / "ttft.png").stat().st_size > 0 and "LEAK" in (tmp_path / "report.md").read_text()
-    from adapters.commands.audit_timing.report import replot
+    from kvparity.commands.audit_timing.report import replot
 
     (tmp_path / "ttft.png").unlink()
     replot(tmp_path)  # the same figure again, from results.json alone

@@ -65,7 +65,7 @@ def test_features_are_the_knobs_away_from_their_first_value():
 
 
 def test_compare_runs_takes_the_signed_margin_across_a_flip():
-    from adapters.commands.calibrate import compare_runs
+    from kvparity.commands.calibrate import compare_runs
 
     a = Baseline([5, 6, 7], "length", [0.5, 0.1, 0.3], [9, 8, 9])
     same = Baseline([5, 6, 7], "length", [0.4, 0.1, 0.3], [9, 8, 9])
@@ -106,7 +106,7 @@ def tiny(tmp_path_factory):
 
 
 def _calibrate(tiny, tmp_path, dtype: str):
-    from adapters.commands.calibrate import main
+    from kvparity.commands.calibrate import main
 
     out = tmp_path / f"{dtype}.json"
     code = main(["--engine", "transformers", "--engine-arg", f"model={tiny}", "--engine-arg", f"dtype={dtype}",
@@ -125,7 +125,7 @@ def test_calibrate_measures_bf16_noise_and_float64_none(tiny, tmp_path):
 
 
 def test_run_with_a_calibration_uses_its_tau_and_writes_the_near_tie_summary(tiny, tmp_path):
-    from conformance.cli import main
+    from kvparity.cli import main
 
     path, cal = _calibrate(tiny, tmp_path, "bfloat16")
     code = main(["run", "--engine", "transformers", "--engine-arg", f"model={tiny}", "--engine-arg", "dtype=bfloat16",
@@ -144,7 +144,7 @@ def test_run_with_a_calibration_uses_its_tau_and_writes_the_near_tie_summary(tin
 
 
 def test_bad_calibrate_arguments_are_one_line_exit_3(tmp_path, capsys):
-    from adapters.commands.calibrate import main
+    from kvparity.commands.calibrate import main
 
     assert main(["--engine", "transformers", "--out", str(tmp_path / "x.json"), "--batch-sizes", "1"]) == 3
     assert main(["--engine", "nosuch", "--out", str(tmp_path / "x.json")]) == 3

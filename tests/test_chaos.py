@@ -1,6 +1,6 @@
 """The chaos suite: engines that raise, hang, end the process or answer malformed values, in every call
 of the contract — each run ends `error` or `fail`, never `pass`, with its history kept and `kvparity
-report` agreeing. Runs go through the real console entry (`python -m conformance`, supervised) in a
+report` agreeing. Runs go through the real console entry (`python -m kvparity`, supervised) in a
 subprocess, because ending the process is one of the things an engine can do.
 
 The engine is the test-only `ChaosEngine` (tests/chaos_engine.py), a FAKE named as such.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
+from kvparity.cli import main
 from conformance.history import load
 
 CHAOS = "chaos_engine:ChaosEngine"
@@ -29,7 +29,7 @@ NEVER = {0: "pass", 2: "inconclusive"}
 
 def kvparity(*args: str, cwd: Path, timeout: float = 120, **popen: object) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvparity", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout, **popen)
 
 
@@ -139,7 +139,7 @@ def start(tmp_path: Path, chaos: str) -> subprocess.Popen:
     # SIGINT at its default, as a terminal starts a job: an ignored SIGINT is inherited across exec and
     # Python then keeps ignoring it (POSIX, as for a `nohup` job). In the full CI run something earlier in
     # the same xdist worker left SIGINT ignored, and the Ctrl-C test's child ran on to the end.
-    return subprocess.Popen([sys.executable, "-m", "conformance", *args], cwd=tmp_path, env=env,
+    return subprocess.Popen([sys.executable, "-m", "kvparity", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
@@ -180,12 +180,13 @@ def test_ctrl_c_exits_130_with_the_history_kept_and_a_report_marked_interrupted(
 
 def test_disk_full_while_writing_the_history_is_an_error_not_a_traceback(tmp_path):
     from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
     from chaos_engine import ChaosEngine
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "history.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
-    outcome = run_suite(ChaosEngine(), engine_name=CHAOS, run_dir=run_dir, max_examples=5, shrink=False,
-                        database_dir=tmp_path / "db")
+    outcome = run_suite(ChaosEngine(), RunConfig(engine_name=CHAOS, run_dir=run_dir, max_examples=5, shrink=False,
+                                                 database_dir=tmp_path / "db"))
     assert outcome.verdict == "error" and outcome.exit_code == 3
     assert any("No space left on device" in e for e in outcome.analysis.errors)

@@ -1,5 +1,5 @@
-"""Subcommands that drive engines (bench, fault-zoo, export-gguf) reach the CLI through the entry-point
-group `kvparity.commands`, so `conformance` never imports an engine."""
+"""Subcommands that drive engines (bench, fault-zoo, export-gguf) are peers under kvparity/commands/,
+reached through the one dispatcher (kvparity.cli), so `conformance` never imports an engine."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import cli
-from conformance.cli import plugin_commands
+from kvparity import cli
+from kvparity.cli import commands as plugin_commands
 
 
 def test_engine_driving_commands_are_registered_plugins():
@@ -22,14 +22,14 @@ def test_engine_driving_commands_are_registered_plugins():
 
 @pytest.mark.parametrize("command, word", [("bench", "economics"), ("fault-zoo", "fault"), ("export-gguf", "GGUF")])
 def test_plugin_command_help_is_reached_through_kvparity(command, word):
-    out = subprocess.run([sys.executable, "-m", "conformance.cli", command, "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "kvparity", command, "--help"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert word.lower() in out.stdout.lower()
 
 
 def test_conformance_does_not_import_engines():
-    code = ("import sys, conformance.cli, conformance.runner, conformance.checks, conformance.economics;"
+    code = ("import sys, conformance.witness_replay, conformance.runner, conformance.checks, conformance.economics;"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'reference_engine', 'adapters',"
             " 'transformers', 'vllm', 'llama_cpp')]; print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -77,7 +77,7 @@ def test_export_gguf_checks_every_name_before_writing_anything(capsys, tmp_path)
 
 
 def test_export_gguf_default_is_a_cache_outside_the_tree(monkeypatch):
-    from adapters.commands.export_gguf import default_out_dir
+    from kvparity.commands.export_gguf import default_out_dir
 
     monkeypatch.delenv("KVPARITY_GGUF_DIR", raising=False)
     out = Path(_parser("export-gguf").parse_args([]).out_dir).resolve()
@@ -86,8 +86,8 @@ def test_export_gguf_default_is_a_cache_outside_the_tree(monkeypatch):
 
 def test_default_outputs_are_git_ignored():
     """User runs write to .kvparity/, never into the committed reports/ tree."""
-    from adapters.commands.bench import DEFAULT_OUT as BENCH_OUT
-    from adapters.commands.fault_zoo import DEFAULT_OUT as ZOO_OUT, witness_dir
+    from kvparity.commands.bench import DEFAULT_OUT as BENCH_OUT
+    from kvparity.commands.fault_zoo import DEFAULT_OUT as ZOO_OUT, witness_dir
 
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("not a git checkout")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
+from kvparity.cli import main
 from conformance.minimise import size
 from conformance.strategies import step_from_json
 from conformance.engines import load_engine, parse_engine_args
@@ -142,7 +142,7 @@ def test_help_shows_every_default(capsys):
 
 
 def test_default_report_dir_is_untracked():
-    from conformance.runner import DEFAULT_REPORT_DIR
+    from conformance.run_config import DEFAULT_REPORT_DIR
 
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(["git", "check-ignore", "-q", DEFAULT_REPORT_DIR + "/x"], cwd=root)
@@ -211,8 +211,9 @@ def test_registry_constructs_adapters_with_string_arguments():
 
 
 def test_console_script_entry_point(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    proc = subprocess.run([sys.executable, "-c", "import sys; from conformance.cli import main; sys.exit(main())",
+    here = Path(__file__).parent  # the tests' fakes, and this checkout's code (not an installed copy)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    proc = subprocess.run([sys.executable, "-c", "import sys; from kvparity.cli import main; sys.exit(main())",
                            "run", "--engine", FAKE, "--report-dir", str(tmp_path), "--max-examples", "5",
                            "--checks", "parity"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

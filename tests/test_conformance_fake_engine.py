@@ -9,6 +9,7 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from conformance.run_config import RunConfig
 from conformance.runner import ConformanceFailure, run_suite
 from conformance.stateful import session_machine
 from fake_engine import FakeDictEngine
@@ -16,9 +17,9 @@ from fake_engine import FakeDictEngine
 
 def run(tmp_path, bug="none", shrink=False, max_examples=40, checks=None, seed=7, **kw):
     engine = FakeDictEngine(bug=bug, **kw)
-    return run_suite(engine, engine_name=f"fake-{bug}", profile="dev", report_dir=tmp_path / "reports", seed=seed,
-                     max_examples=max_examples, database_dir=tmp_path / "db", shrink=shrink, timeout_s=2,
-                     checks=checks)
+    return run_suite(engine, RunConfig(engine_name=f"fake-{bug}", profile="dev", report_dir=tmp_path / "reports",
+                                       seed=seed, max_examples=max_examples, database_dir=tmp_path / "db",
+                                       shrink=shrink, timeout_s=2, checks=checks))
 
 
 def test_clean_fake_passes_and_writes_a_complete_report(tmp_path):

@@ -12,6 +12,7 @@ from conformance.contract import Result
 from conformance.history import load
 from conformance.engines import load_engine
 from conformance.runner import run_suite
+from conformance.run_config import RunConfig
 from conformance.situations import SITUATIONS, coverage, missing
 from fake_engine import FakeDictEngine
 from fake_engine_never_chunks import NeverChunksFake
@@ -33,8 +34,8 @@ class WrongOnCompletion(FakeDictEngine):
 
 def _run(engine, tmp_path, name, **kw):
     kw.setdefault("timeout_s", 30)
-    return run_suite(engine, engine_name=name, profile="dev", report_dir=tmp_path / "reports",
-                     database_dir=tmp_path / "db", shrink=False, **kw)
+    return run_suite(engine, RunConfig(engine_name=name, profile="dev", report_dir=tmp_path / "reports",
+                                       database_dir=tmp_path / "db", shrink=False, **kw))
 
 
 def _events(outcome, kind):

@@ -138,7 +138,7 @@ def test_economics_imports_no_engine():
 # -- the bench --------------------------------------------------------------------------------------
 def test_ci_bench_on_reference_engine_writes_the_report(tmp_path):
     pytest.importorskip("matplotlib")
-    from adapters.commands import bench
+    from kvparity.commands import bench
 
     # No timed assertion: the bench's speed is measured by benchmarks/, never asserted on a shared machine.
     assert bench.main(["--engine", "reference", "--size", "ci", "--out", str(tmp_path)]) == 0
@@ -150,7 +150,7 @@ def test_ci_bench_on_reference_engine_writes_the_report(tmp_path):
     for needle in ("reuse ratio", "shared system prompt", "multi-turn chat", "no sharing", "12 / 9 / 18",
                    "shared 2-core CPU", "torch", "Temporary KV", "Chunked prefill"):
         assert needle in md
-    from adapters.commands.bench.collect import draft_available
+    from kvparity.commands.bench.collect import draft_available
 
     if draft_available() and (tmp_path / "worked_12_9_18.png").exists():  # the engine demonstration ran
         rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
@@ -162,14 +162,14 @@ def test_ci_bench_on_reference_engine_writes_the_report(tmp_path):
 def test_bench_default_out_is_the_untracked_kvparity_folder():
     from pathlib import Path
 
-    from adapters.commands import bench
+    from kvparity.commands import bench
 
     args = bench.build_parser().parse_args([])
     assert Path(args.out) == Path(".kvparity/economics") and (args.engine, args.size, args.k) == ("reference", "ci", 4)
 
 
 def test_bench_help_shows_every_default(capsys, monkeypatch):
-    from conformance import cli
+    from kvparity import cli
 
     monkeypatch.setenv("COLUMNS", "400")
     assert cli.main(["bench", "--help"]) == 0
@@ -184,8 +184,8 @@ def test_bench_help_shows_every_default(capsys, monkeypatch):
 def test_bench_usage_error_is_one_line_exit_3_before_any_engine(argv, capsys, monkeypatch):
     from pathlib import Path
 
-    from adapters.commands import bench
-    from conformance import cli
+    from kvparity.commands import bench
+    from kvparity import cli
 
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # README.md: an existing file
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.commands import export as exporting
-from adapters.commands.export import runtime
+from kvparity.commands import export as exporting
+from kvparity.commands.export import runtime
 from tests.test_generated_files import public_reproducers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ ZOO = sorted((REPO / "reports" / "fault-zoo" / "witnesses").glob("*.json"))
 TRANSFORMERS_RUN = REPO / "reports" / "transformers" / "20261130-145852" / "witnesses"
 VLLM_WITNESS = REPO / "reports" / "vllm" / "lora-20261130-140204" / "witnesses" / "parity-40e0b84fa8.json"
 LLAMA_WITNESS = REPO / "reports" / "llama_cpp" / "shared-ram-parity" / "witnesses" / "parity-4006517376.json"
-KVPARITY_MODULES = ("conformance", "adapters")
+KVPARITY_MODULES = ("kvparity", "conformance", "adapters")
 
 _HARNESS = r'''
 import contextlib, io, json, runpy, sys
@@ -328,7 +328,7 @@ def _venv_sandbox(python: Path, tmp: Path) -> tuple[list[str], dict[str, str]]:
 
 def _vllm_run(witness: Path, tmp_path: Path) -> tuple[int, str]:
     if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not importable here (run under .venv-vllm: adapters/commands/thirdparty.sh)")
+        pytest.skip("vLLM is not importable here (run under .venv-vllm: adapters/thirdparty.sh)")
     path = exporting.export(witness, tmp_path / "vllm_repro.py")
     cmd, env = _venv_sandbox(Path(sys.executable), tmp_path)
     proc = subprocess.run([*cmd, str(path)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
@@ -359,7 +359,7 @@ def test_vllm_reproducer_of_the_suite_witness_reaches_a_verdict(tmp_path):
 def test_llama_cpp_reproducer_reproduces_the_cross_revision_cache_finding(tmp_path):
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed here")
-    from adapters.commands import export_gguf
+    from adapters import gguf_export as export_gguf
 
     export_gguf.export_all()
     path = exporting.export(LLAMA_WITNESS, tmp_path / "llama_repro.py")
@@ -370,7 +370,7 @@ def test_llama_cpp_reproducer_reproduces_the_cross_revision_cache_finding(tmp_pa
 
 
 def _serve(fault: str | None) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "adapters.commands.serve", "--port", "0", "--max-seconds", "300"]
+    cmd = [sys.executable, "-m", "kvparity.commands.serve", "--port", "0", "--max-seconds", "300"]
     proc = subprocess.Popen(cmd + (["--fault", fault] if fault else []), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120

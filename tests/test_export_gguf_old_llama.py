@@ -59,7 +59,7 @@ def _fields(path) -> tuple[dict, set[str]]:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    from adapters.commands.export_gguf import export_gguf
+    from adapters.gguf_export import export_gguf
 
     return _fields(export_gguf("tiny-target-a", tmp_path_factory.mktemp("gguf")))
 

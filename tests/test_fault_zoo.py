@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 import adapters.reference as ref
-from adapters.commands.fault_zoo import (DEFAULT_OUT, FaultSummary, ZooRow, ZooRun, bars, build_parser,
+from kvparity.commands.fault_zoo import (DEFAULT_OUT, FaultSummary, ZooRow, ZooRun, bars, build_parser,
                                          describe_steps, measure, render, witness_dir)
-from conformance import cli
-from conformance.cli import replay_case
+from kvparity import cli
+from conformance.witness_replay import replay_case
 from conformance.contract import UsageError
-from conformance.runner import PROFILES
+from conformance.run_config import PROFILES
 from reference_engine.block_pool import BlockPool
 from reference_engine.engine import Engine
 from reference_engine.faults import FAULTS, COMPONENTS, build_engine
@@ -31,11 +31,13 @@ def test_each_seed_draws_its_own_streams_and_a_seed_always_the_same(tmp_path):
     is not the derandomised profile's own stream. (A fake engine: this tests the suite's seeding.)"""
     from conformance.history import load
     from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
     from tests.fake_engine import FakeDictEngine
 
     def streams(seed: int | None, n: int) -> list:
-        out = run_suite(FakeDictEngine(), engine_name="fake", profile="ci", report_dir=tmp_path / f"r{n}",
-                        seed=seed, max_examples=4, database_dir=tmp_path / f"db{n}", shrink=False, timeout_s=5)
+        out = run_suite(FakeDictEngine(), RunConfig(engine_name="fake", profile="ci", report_dir=tmp_path / f"r{n}",
+                                                    seed=seed, max_examples=4, database_dir=tmp_path / f"db{n}",
+                                                    shrink=False, timeout_s=5))
         return [ex.steps() for ex in load(out.run_dir / "history.jsonl").examples]
 
     zero = streams(0, 0)
@@ -250,7 +252,7 @@ def no_engine(monkeypatch):
     """Fail the test if the command gets as far as running the suite."""
     def refuse(*args, **kwargs):
         raise AssertionError("the zoo ran an engine for a usage error")
-    monkeypatch.setattr("adapters.commands.fault_zoo.measure", refuse)
+    monkeypatch.setattr("kvparity.commands.fault_zoo.measure", refuse)
 
 
 @pytest.mark.parametrize("argv", [["--profile", "bogus"], ["--faults", "salt_ignored,no_such_fault"],

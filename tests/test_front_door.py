@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance.cli import build_parser, main, plugin_commands
 from conformance.exit_codes import ExitCode
+from kvparity.cli import build_parser, commands, main
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCES = [p for folder in ("conformance", "adapters", "reference_engine") for p in (REPO / folder).rglob("*.py")]
+SOURCES = [p for folder in ("kvparity", "conformance", "adapters", "reference_engine")
+           for p in (REPO / folder).rglob("*.py")]
 
 
 def test_each_exit_code_is_defined_once():
@@ -28,7 +29,7 @@ def test_every_subcommand_has_a_description():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     helps = {a.dest: a.help for a in sub._choices_actions}
-    assert set(plugin_commands()) <= set(helps)
+    assert set(commands()) <= set(helps)
     for name, text in helps.items():
         assert text and "plugin command" not in text and len(text) > 20, (name, text)
 
@@ -39,9 +40,9 @@ def test_version_is_printed_and_exits_0(capsys):
 
 
 def test_the_console_help_runs_no_plugin_code():
-    """`kvparity --help` reads each plugin command's docstring without importing it (an engine library
-    stays unimported)."""
-    code = ("import sys; from conformance.cli import main; main(['--help']); "
-            "print(sorted(m for m in sys.modules if m.startswith('adapters.commands.')))")
+    """`kvparity --help` reads each command's docstring without importing it (an engine library stays
+    unimported)."""
+    code = ("import sys; from kvparity.cli import main; main(['--help']); "
+            "print(sorted(m for m in sys.modules if m.startswith('kvparity.commands.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60).stdout
     assert out.strip().endswith("[]"), out[-300:]

@@ -119,7 +119,7 @@ def test_kvparity_report_rerenders_a_committed_run_folder(tmp_path, capsys):
     """report.html and junit.xml are not committed: `kvparity report` writes them again from the gzipped
     history (beside the run's own files, in reanalysis/), with the verdict the committed results.json
     records."""
-    from conformance.cli import main
+    from kvparity.cli import main
 
     run = tmp_path / "run"
     shutil.copytree(COMMITTED_RUN, run)
@@ -133,7 +133,7 @@ def test_kvparity_report_rerenders_a_committed_run_folder(tmp_path, capsys):
 
 def test_export_reads_the_gzipped_history_beside_a_committed_witness():
     """`kvparity export` takes the run's capabilities from the history beside a witness's folder."""
-    from adapters.commands.export.plan import _history
+    from kvparity.commands.export.plan import _history
 
     history = _history(TRANSFORMERS_WITNESS)
     assert history is not None and history.capabilities is not None
@@ -141,7 +141,7 @@ def test_export_reads_the_gzipped_history_beside_a_committed_witness():
 
 def test_the_museum_reads_its_committed_run_folders():
     """`kvparity museum --render-only` judges the committed runs again from their gzipped histories."""
-    from adapters.commands import museum
+    from kvparity.commands import museum
 
     _, outcome = museum.release_outcome(MUSEUM_RELEASE, "isolation")
     assert outcome.verdict == "fail" and outcome.first_failure is not None, outcome.note

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
+from kvparity.cli import main
 
 FAKE = "fake_engine:FakeDictEngine"
 REPO = Path(__file__).resolve().parent.parent

@@ -86,7 +86,7 @@ class DripServer:
 
 def _audit(url: str, tmp_path, *args: str) -> tuple[int, float]:
     pytest.importorskip("scipy", reason="the audit's KS test needs scipy (serve extra)")
-    from adapters.commands.audit_timing import main
+    from kvparity.commands.audit_timing import main
 
     t0 = time.monotonic()
     code = main(["--base-url", url, "--out", str(tmp_path / "audit"), "--letters", "20", "--max-probes", "10",
@@ -140,9 +140,9 @@ def test_a_level_the_time_bound_ends_is_never_judged_on_its_partial_sample():
     """Fixed-sample mode plans one test at the probe budget; a level cut by the time bound after 60
     perfectly separated probes (p far below 1e-8) stays inconclusive, never "sharing detected"."""
     pytest.importorskip("scipy")
-    from adapters.commands.audit_timing import decide
-    from adapters.commands.audit_timing.decision import Plan
-    from adapters.commands.audit_timing.procedure import Party, Procedure, run_level
+    from kvparity.commands.audit_timing import decide
+    from kvparity.commands.audit_timing.decision import Plan
+    from kvparity.commands.audit_timing.procedure import Party, Procedure, run_level
 
     client = FakeCachingClient(stall_after=120, stall_s=0.6)  # 2 requests a probe: the stall after 60 probes
     victim, attacker = Party("org-v", "user-v"), Party("org-a", "user-a")
@@ -186,8 +186,8 @@ def _plan(source: str) -> dict:
 
 @pytest.mark.parametrize("i", range(len(PAYLOADS)))
 def test_export_writes_witness_text_as_data_only(i, tmp_path):
-    from adapters.commands import export as exporting
-    from adapters.commands.export.quoting import shown
+    from kvparity.commands import export as exporting
+    from kvparity.commands.export.quoting import shown
 
     marker = tmp_path / "PWNED"
     payload = PAYLOADS[i].replace("MARKER", repr(str(marker)))
@@ -208,7 +208,7 @@ def test_export_writes_witness_text_as_data_only(i, tmp_path):
 
 def test_a_hostile_reproducer_still_reproduces_and_runs_nothing_it_carries(tmp_path):
     """Run to its verdict: the fault (salt ignored) is still found with a salt that is a payload."""
-    from adapters.commands import export as exporting
+    from kvparity.commands import export as exporting
 
     marker = tmp_path / "PWNED"
     out = exporting.export(_hostile_witness(tmp_path, 0, PAYLOADS[0].replace("MARKER", repr(str(marker)))),
@@ -220,7 +220,7 @@ def test_a_hostile_reproducer_still_reproduces_and_runs_nothing_it_carries(tmp_p
 
 
 def test_export_refuses_a_hostile_adapter_name_in_one_line(tmp_path, capsys):
-    from adapters.commands import export as exporting
+    from kvparity.commands import export as exporting
 
     data = json.loads(WITNESS.read_text())
     data["steps"][1]["requests"][0]["identity"]["adapter"] = PAYLOADS[0].replace("MARKER", "'x'")

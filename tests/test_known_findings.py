@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from conformance import known
-from conformance.cli import main
+from kvparity.cli import main
 from conformance.contract import UsageError
 from conformance.runner import run_suite
+from conformance.run_config import RunConfig
 from conformance.signature import Signature, normalise
 from reference_engine.config import EngineConfig
 from reference_engine.faults import FAULTS, build_engine
@@ -170,8 +171,9 @@ def test_run_suite_records_known_in_the_history(tmp_path):
     from adapters.reference import ReferenceAdapter
 
     entry = {"signature": "0123456789ab", "check": "parity", "upstream": "https://example.invalid/1", "note": "n"}
-    outcome = run_suite(ReferenceAdapter(), engine_name="reference", checks=["prefix_only"], max_examples=3,
-                        seed=0, shrink=False, report_dir=tmp_path, known_findings=[entry])
+    outcome = run_suite(ReferenceAdapter(), RunConfig(engine_name="reference", checks=["prefix_only"],
+                                                      max_examples=3, seed=0, shrink=False, report_dir=tmp_path,
+                                                      known_findings=[entry]))
     start = json.loads((outcome.run_dir / "history.jsonl").read_text().splitlines()[0])
     assert start["known"] == [entry] and start["strict_known"] is False
     assert outcome.exit_code == 0 and [dict(e) for e in outcome.analysis.known.fixed] == [entry]

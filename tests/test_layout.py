@@ -1,5 +1,5 @@
 """The layout is one room per role: `adapters/` holds one module per engine plus the helpers they share,
-the engine-driving commands live in `adapters/commands/`, the probes in `adapters/probes/`, and `reports/`
+every command lives in `kvparity/commands/`, the probes in `adapters/probes/`, and `reports/`
 holds results only. These tests pin that, so a new command or probe does not land among the engines."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ REPO = Path(__file__).resolve().parent.parent
 ADAPTERS = REPO / "adapters"
 
 # Modules directly in adapters/ that are not an engine: helpers the engine modules share. Keep it short;
-# a command goes to adapters/commands/, a probe to adapters/probes/.
-SHARED_HELPERS = {"engine_args", "reference_oracle", "checkpoint_info", "landmarks", "landmark_search"}
-ROLE_PACKAGES = {"commands", "probes"}
+# a command goes to kvparity/commands/, a probe to adapters/probes/.
+SHARED_HELPERS = {"engine_args", "reference_oracle", "checkpoint_info", "landmarks", "landmark_search", "gguf_export"}
+ROLE_PACKAGES = {"probes"}
+SCRIPTS = {"thirdparty.sh"}  # runs the vLLM adapters' third-party suites in their own venv
+COMMANDS = REPO / "kvparity" / "commands"
 
 
 def _pyproject() -> dict:
@@ -52,7 +54,9 @@ def test_adapters_top_level_is_engines_and_their_shared_helpers():
             continue
         if path.is_dir():  # an engine may be a package of its own (adapters/openai_http/)
             if path.name not in ROLE_PACKAGES | engines:
-                stray.append(f"{path.name}/ (a package that is neither an engine, adapters/commands nor adapters/probes)")
+                stray.append(f"{path.name}/ (a package that is neither an engine nor adapters/probes)")
+            continue
+        if path.name in SCRIPTS:
             continue
         if path.suffix != ".py":
             stray.append(f"{path.name} (not a Python module)")
@@ -74,14 +78,14 @@ def test_no_code_under_reports():
     assert not code, f"reports/ holds results only; code belongs in adapters/: {code}"
 
 
-def test_every_plugin_command_is_a_module_under_adapters_commands():
+def test_every_command_is_a_module_under_kvparity_commands():
     commands = _entry_points("kvparity.commands")
     assert {"bench", "fault-zoo", "export-gguf"} <= set(commands)
     for name, target in commands.items():
         module_name, _, attr = target.partition(":")
-        assert module_name.startswith("adapters.commands."), f"{name} = {target}"
+        assert module_name.startswith("kvparity.commands."), f"{name} = {target}"
         module = importlib.import_module(module_name)
-        assert Path(module.__file__).resolve().is_relative_to(ADAPTERS / "commands"), module.__file__
+        assert Path(module.__file__).resolve().is_relative_to(COMMANDS), module.__file__
         assert callable(getattr(module, attr)), target
 
 
@@ -106,9 +110,9 @@ def _imports(path: Path) -> set[str]:
 
 def test_bench_renderer_imports_no_collector():
     """The report renderer takes plain data: it never calls back into a collector (no import cycle)."""
-    bench = ADAPTERS / "commands" / "bench"
+    bench = COMMANDS / "bench"
     for renderer in ("report.py", "plots.py"):
         bad = {n for n in _imports(bench / renderer)
-               if n.startswith(("adapters.commands.bench.collect", "adapters.commands.bench.__init__"))
-               or n == "adapters.commands.bench"}
+               if n.startswith(("kvparity.commands.bench.collect", "kvparity.commands.bench.__init__"))
+               or n == "kvparity.commands.bench"}
         assert not bad, f"{renderer} imports {sorted(bad)}"

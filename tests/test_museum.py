@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters.commands import museum
-from adapters.commands.museum import exhibits as catalogue
-from adapters.commands.museum import render, venvs
-from adapters.commands.museum.exhibits import Exhibit, Package
+from kvparity.commands import museum
+from kvparity.commands.museum import exhibits as catalogue
+from kvparity.commands.museum import render, venvs
+from kvparity.commands.museum.exhibits import Exhibit, Package
 from conformance.contract import UsageError
 
 FAMILY = """
@@ -188,7 +188,7 @@ def test_runs_that_prove_nothing_are_errors(tmp_path, this_venv, monkeypatch):
 
 
 def test_the_command_checks_its_arguments_before_running():
-    run = [sys.executable, "-m", "conformance", "museum"]
+    run = [sys.executable, "-m", "kvparity", "museum"]
     bad = subprocess.run([*run, "--exhibit", "no-such-exhibit"], capture_output=True, text=True)
     assert bad.returncode == 3 and len(bad.stderr.strip().splitlines()) == 1 and "unknown exhibit" in bad.stderr
     assert subprocess.run([*run, "--list"], capture_output=True, text=True).returncode == 0

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters.commands import mutate
-from adapters.commands.mutate import differ, report
-from adapters.commands.mutate.suite import run_suite_on
-from adapters.commands.mutate.mutants import (DECISION_MODULES, EXCLUDED_OPERATORS, MutantTree, diff,
+from kvparity.commands import mutate
+from kvparity.commands.mutate import differ, report
+from kvparity.commands.mutate.suite import run_suite_on
+from kvparity.commands.mutate.mutants import (DECISION_MODULES, EXCLUDED_OPERATORS, MutantTree, diff,
                                               enumerate_mutants, sample, source_root)
 from adapters.reference import ReferenceAdapter
 from conformance.contract import UsageError

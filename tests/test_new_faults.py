@@ -21,7 +21,7 @@ import pytest
 import adapters.reference as ref
 from conformance import validation
 from conformance.contract import Identity, Request
-from conformance.runner import replay
+from conformance.scenario_runner import replay
 from conformance.strategies import Batch, Configure
 from reference_engine.faults import FAULTS, _tokenizer
 

@@ -274,7 +274,7 @@ def test_progress_on_a_terminal_rewrites_one_line():
 
 
 def test_kvparity_run_shows_progress_unless_quiet(tmp_path, capsys):
-    from conformance.cli import main
+    from kvparity.cli import main
 
     argv = ["run", "--engine", "fake_engine:FakeDictEngine", "--max-examples", "3", "--no-shrink",
             "--report-dir", str(tmp_path)]

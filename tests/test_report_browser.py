@@ -36,11 +36,15 @@ def failing_report(tmp_path_factory) -> Path:
     """A real run: the reference engine with a rejected draft token committed (fault zoo), unshrunk."""
     from adapters.reference import ReferenceAdapter
     from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
 
     tmp = tmp_path_factory.mktemp("browser")
-    outcome = run_suite(ReferenceAdapter(fault="rejected_draft_committed"), engine_name="reference",
-                        engine_args={"fault": "rejected_draft_committed"}, profile="ci", max_examples=30,
-                        report_dir=tmp / "runs", database_dir=tmp / "db", shrink=False, timeout_s=60)
+    outcome = run_suite(ReferenceAdapter(fault="rejected_draft_committed"), RunConfig(engine_name="reference",
+                                                                                      engine_args={"fault": "rejected_draft_committed"},
+                                                                                      profile="ci", max_examples=30,
+                                                                                      report_dir=tmp / "runs",
+                                                                                      database_dir=tmp / "db",
+                                                                                      shrink=False, timeout_s=60))
     assert outcome.verdict == "fail", {k: v.status for k, v in outcome.analysis.checks.items()}
     return outcome.run_dir / "report.html"
 

@@ -24,7 +24,7 @@ FAULT_SEED = 1832811632  # a dev seed whose stream catches salt_ignored within i
 
 def _kvparity(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvparity", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -80,9 +80,12 @@ def test_a_failing_dev_run_logs_a_bounded_number_of_progress_lines(tmp_path):
 def test_max_shrink_seconds_ends_shrinking_and_keeps_the_witness(tmp_path):
     from adapters.reference import ReferenceAdapter
     from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
 
-    out = run_suite(ReferenceAdapter(fault="salt_ignored"), engine_name="reference", profile="dev",
-                    seed=FAULT_SEED, report_dir=tmp_path, database_dir=tmp_path / "db", max_shrink_seconds=0.0001)
+    out = run_suite(ReferenceAdapter(fault="salt_ignored"), RunConfig(engine_name="reference", profile="dev",
+                                                                      seed=FAULT_SEED, report_dir=tmp_path,
+                                                                      database_dir=tmp_path / "db",
+                                                                      max_shrink_seconds=0.0001))
     assert out.verdict == "fail" and out.analysis.checks["isolation"].status == "fail"
     first = out.first_failing["isolation"]
     recorded = [ev for ev in _history(out.run_dir) if ev["event"] == "example"]
@@ -111,7 +114,7 @@ def test_shrink_budget_starts_at_the_first_failure():
 
 
 def test_the_fault_zoo_caps_shrinking_through_the_public_flag():
-    from adapters.commands import fault_zoo
+    from kvparity.commands import fault_zoo
 
     source = Path(fault_zoo.__file__).read_text()
     assert "MAX_SHRINKING_SECONDS" not in source and "hypothesis.internal" not in source
@@ -120,12 +123,12 @@ def test_the_fault_zoo_caps_shrinking_through_the_public_flag():
 
 
 def test_x_stops_at_the_first_failure():
-    from conformance.cli import build_parser
+    from kvparity.commands.run import build_parser
 
     for flag in ("-x", "--exitfirst", "--no-shrink"):
-        args = build_parser().parse_args(["run", "--engine", "reference", flag])
+        args = build_parser().parse_args(["--engine", "reference", flag])
         assert args.no_shrink is True
-    assert build_parser().parse_args(["run", "--engine", "reference"]).max_shrink_seconds == 60.0
+    assert build_parser().parse_args(["--engine", "reference"]).max_shrink_seconds == 60.0
 
 
 @pytest.fixture
@@ -155,7 +158,7 @@ def _without_kvparity(script: Path, tmp_path: Path) -> subprocess.CompletedProce
 
 
 def test_a_module_class_adapter_exports_a_reproducer_that_runs_without_kvparity(tmp_path, adapter_folder):
-    from adapters.commands import export as exporting
+    from kvparity.commands import export as exporting
 
     engine = "standalone_adapter:SaltAwareReference"
     faulty = exporting.export(SALT_WITNESS, tmp_path / "faulty.py", engine, {"fault": "salt_ignored"})
@@ -169,7 +172,7 @@ def test_a_module_class_adapter_exports_a_reproducer_that_runs_without_kvparity(
 
 
 def test_export_minimal_prints_the_steps_and_one_assertion(capsys):
-    from adapters.commands import export as exporting
+    from kvparity.commands import export as exporting
 
     assert exporting.main([str(SALT_WITNESS), "--minimal"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -181,7 +184,7 @@ def test_export_minimal_prints_the_steps_and_one_assertion(capsys):
 
 
 def test_export_needs_out_or_minimal(tmp_path, capsys):
-    from adapters.commands import export as exporting
+    from kvparity.commands import export as exporting
 
     assert exporting.main([str(SALT_WITNESS)]) == 3
     assert "--out" in capsys.readouterr().err
@@ -202,7 +205,7 @@ def test_the_pytest_plugin_names_the_seed_that_reruns_its_stream(tmp_path):
 def test_the_adapter_driver_imports_only_the_standard_library():
     import ast
 
-    from adapters.commands import export as exporting
+    from kvparity.commands import export as exporting
 
     tree = ast.parse(exporting.exporter_for("standalone_adapter:SaltAwareReference").DRIVER)
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

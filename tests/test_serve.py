@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("aiohttp", reason="kvparity serve needs the serve extra (aiohttp)")
 
 from adapters.openai_http import OpenAIHttpAdapter, prometheus_totals  # noqa: E402
-from adapters.commands.serve.app import cache_salt  # noqa: E402
-from adapters.commands.serve.loop import EngineFailed, EngineLoop, RequestRefused  # noqa: E402
+from kvparity.commands.serve.app import cache_salt  # noqa: E402
+from kvparity.commands.serve.loop import EngineFailed, EngineLoop, RequestRefused  # noqa: E402
 from conformance.contract import Identity, Request  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -108,13 +108,14 @@ def test_concurrent_requests_run_in_one_batch(served):
 
 def test_a_short_suite_run_passes(served, tmp_path):
     from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
 
     # The dev profile's 12 examples settle every claim (closing steps) but need not reach every one of the
     # ~20 situations (which stream a seed draws depends on the modules imported before it, i.e. on test
     # order): `exercised` may then be inconclusive, naming only unreached situations; no check may fail.
     # The CI profile's 100 take ~3 min here.
-    out = run_suite(served, engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=5,
-                    database_dir=tmp_path, shrink=False)
+    out = run_suite(served, RunConfig(engine_name="openai_http", profile="dev", report_dir=tmp_path, seed=5,
+                                      database_dir=tmp_path, shrink=False))
     checks = out.analysis.checks
     assert all(r.status in ("pass", "skip") for c, r in checks.items() if c != "exercised"), checks
     exercised = checks["exercised"]
@@ -126,7 +127,7 @@ def test_a_short_suite_run_passes(served, tmp_path):
 
 def test_salt_ignored_witness_fails_through_the_server():
     """(The correct server passes the suite above; this is the other way round.)"""
-    from conformance.cli import replay_case
+    from conformance.witness_replay import replay_case
 
     got, _, detail = replay_case(WITNESS, {"serve": "kvparity", "block_size": "16", "fault": "salt_ignored"},
                                  timeout_s=120, engine="openai_http")
@@ -143,7 +144,7 @@ def test_global_scope_drops_tenancy_and_user_scope_keeps_both():
 @pytest.mark.parametrize("args", [["--cache-scope", "everyone"], ["--fault", "nope"],
                                   ["--engine-arg", "block_size=zero"], ["--port", "70000"]])
 def test_bad_serve_arguments_exit_3_with_one_line(args, capsys):
-    from adapters.commands.serve import main
+    from kvparity.commands.serve import main
 
     assert main(args) == 3
     err = capsys.readouterr().err

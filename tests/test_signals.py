@@ -3,7 +3,7 @@ that stops answering (an engine call holding the GIL, SIGSTOP), a supervisor kil
 with a report that never says pass, the exit code that says how it was stopped, and no process of the
 run left behind — the run's child, and the `kvparity serve` the HTTP adapter started on 127.0.0.1.
 
-Runs go through the real console entry (`python -m conformance`, supervised) in a subprocess. Engines:
+Runs go through the real console entry (`python -m kvparity`, supervised) in a subprocess. Engines:
 the test-only FAKES `ChaosEngine` (tests/chaos_engine.py) and `GilHoldingEngine` (tests/gil_engine.py),
 and the real HTTP adapter against a real `kvparity serve`.
 """
@@ -21,7 +21,7 @@ from typing import Iterator
 
 import pytest
 
-from conformance.cli import main
+from kvparity.cli import main
 from conformance.history import load
 
 TESTS = Path(__file__).parent
@@ -60,12 +60,12 @@ def wait_gone(pids: list[int], limit_s: float) -> list[int]:
 
 
 class Run:
-    """One supervised `python -m conformance run` in its own session, and every process it started
+    """One supervised `python -m kvparity run` in its own session, and every process it started
     (recorded as they appear, SIGKILLed at the end of the test whatever happened)."""
 
     def __init__(self, tmp_path: Path, *args: str) -> None:
         self.root = tmp_path / "runs"
-        self.proc = subprocess.Popen([sys.executable, "-m", "conformance", "run", "--report-dir", str(self.root),
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvparity", "run", "--report-dir", str(self.root),
                                       "--no-shrink", "--seed", "1", "-q", *args], cwd=tmp_path, env=env(),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True,
@@ -82,7 +82,7 @@ class Run:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, "the run ended before it could be stopped"
             pids = self.tree()
-            served = not server or any("adapters.commands.serve" in cmdline(p) for p in pids)
+            served = not server or any("kvparity.commands.serve" in cmdline(p) for p in pids)
             for history in self.root.glob("*/*/history.jsonl"):
                 if served and history.read_text().count(EXAMPLE) >= examples:
                     return history.parent
@@ -154,7 +154,7 @@ def test_sigterm_to_the_supervisor_leaves_no_process_of_the_run_and_no_server(ru
     run = start(runs, tmp_path, "--engine", "openai_http", "--engine-arg", "serve=kvparity", "--max-examples", "300")
     run_dir = run.wait_for(2, server=True)
     pids = run.tree()
-    assert any("adapters.commands.serve" in cmdline(p) for p in pids)
+    assert any("kvparity.commands.serve" in cmdline(p) for p in pids)
     os.kill(run.proc.pid, signal.SIGTERM)
     sent = time.monotonic()
     assert not wait_gone([run.proc.pid, *pids], 10), [cmdline(p) for p in pids if alive(p)]
@@ -172,7 +172,7 @@ def test_a_server_dies_with_the_run_even_when_the_run_is_killed_outright(runs, t
     run = start(runs, tmp_path, "--engine", "openai_http", "--engine-arg", "serve=kvparity", "--max-examples", "300")
     run.wait_for(2, server=True)
     pids = run.tree()
-    server = [p for p in pids if "adapters.commands.serve" in cmdline(p)]
+    server = [p for p in pids if "kvparity.commands.serve" in cmdline(p)]
     os.kill(run.proc.pid if victim == "supervisor" else run.child(), signal.SIGKILL)
     survivors = wait_gone(pids, 10)
     assert not survivors, [cmdline(p) for p in survivors]

@@ -62,7 +62,7 @@ def test_context_limits_survive_the_history_round_trip():
 
 
 def test_restop_stops_at_the_drawn_position_unless_its_token_came_earlier():
-    from conformance.runner import restop_token
+    from conformance.scenario_runner import restop_token
 
     assert restop_token([5, 6, 7, 8], 2) == 7  # a new token: the stop fires at position 2
     assert restop_token([5, 6, 7, 8], 6) == 7  # modulo the parent's length

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conformance.cli import main
+from kvparity.cli import main
 
 REPORT_FILES = ("history.jsonl", "results.json", "report.md", "report.html", "junit.xml")
 

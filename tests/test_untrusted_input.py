@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conformance import untrusted
-from conformance.cli import main
+from kvparity.cli import main
 from conformance.contract import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,13 +64,13 @@ def one_line_error(capsys) -> str:
 
 
 def subprocess_cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """`python -m conformance ...` with memory capped at 3 GiB, so a regression fails the test instead of
+    """`python -m kvparity ...` with memory capped at 3 GiB, so a regression fails the test instead of
     exhausting a machine (the pool_tokens probe grew to 2 GB in 30 s)."""
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    return subprocess.run([sys.executable, "-m", "conformance", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvparity", *argv], capture_output=True, text=True,
                           timeout=timeout, preexec_fn=limit, env=env)
 
 
@@ -158,7 +158,7 @@ def test_remote_or_unclear_hosts_in_any_argument_are_refused(args):
 
 
 def test_export_refuses_a_remote_base_url_too(tmp_path, capsys):
-    from adapters.commands.export import main as export_main
+    from kvparity.commands.export import main as export_main
 
     path = witness(tmp_path, engine="openai_http", engine_args={"base_url": "http://192.0.2.1:8000"})
     assert export_main([str(path), "--out", str(tmp_path / "repro.py")]) == 3
@@ -328,7 +328,7 @@ def test_a_deeply_nested_results_json_is_ignored_as_unreadable(run_dir, tmp_path
 
 
 def test_the_deeply_nested_witness_cannot_crash_export(tmp_path, capsys):
-    from adapters.commands.export import main as export_main
+    from kvparity.commands.export import main as export_main
 
     path = tmp_path / "deep.json"
     path.write_text(deep())

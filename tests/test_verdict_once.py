@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
+from kvparity.cli import main
 
 TESTS = Path(__file__).parent
 CHAOS = "chaos_engine:ChaosEngine"
@@ -53,7 +53,7 @@ def verdicts_in_files(run_dir: Path) -> dict[str, str]:
 @pytest.mark.parametrize("chaos", ["raise@close", "hang@close", "exit0@close"])
 def test_a_failing_close_is_error_in_the_exit_code_every_file_and_kvparity_report(tmp_path, capsys, chaos):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--engine", CHAOS, "--engine-arg",
+    proc = subprocess.run([sys.executable, "-m", "kvparity", "run", "--engine", CHAOS, "--engine-arg",
                            f"chaos={chaos}", "--report-dir", str(tmp_path / "runs"), "--max-examples", "8",
                            "--no-shrink", "--seed", "1", "--timeout", "1", "--checks", "parity", "-q"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -133,12 +133,14 @@ def test_a_run_whose_report_cannot_be_written_safely_is_an_error(tmp_path):
 
     from conformance.runner import run_suite
 
+    from conformance.run_config import RunConfig
+
     outside = tmp_path / "outside.json"
     outside.write_text("{}")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "results.json").symlink_to(outside)
-    outcome = run_suite(FakeDictEngine(), engine_name=FAKE, run_dir=run_dir, max_examples=3, shrink=False,
-                        database_dir=tmp_path / "db", checks=["parity"])
+    outcome = run_suite(FakeDictEngine(), RunConfig(engine_name=FAKE, run_dir=run_dir, max_examples=3, shrink=False,
+                                                    database_dir=tmp_path / "db", checks=["parity"]))
     assert outcome.report_error and "is a symlink" in outcome.report_error
     assert outside.read_text() == "{}"

@@ -7,7 +7,7 @@ Attach to a running server (`base_url=http://127.0.0.1:8000`) or let the adapter
                     --enable-prompt-tokens-details, --enable-prefix-caching, float32, --enforce-eager,
                     LoRA modules `upper` / `rot13`, VLLM_SERVER_DEV_MODE=1 (for POST /reset_prefix_cache)
   serve=llama_cpp   `python -m llama_cpp.server --model <gguf=...>` (text prompts; no cached-token count)
-  serve=kvparity    `kvparity serve` (adapters/commands/serve/): the reference engine, continuous batching, token ids,
+  serve=kvparity    `kvparity serve` (kvparity/commands/serve/): the reference engine, continuous batching, token ids,
                     cached-token counts, LoRA names, POST /reset_prefix_cache; scope=user|tenant|global
                     (which requests may share KV), fault=NAME (a zoo fault planted in the server's engine),
                     knobs=chunk_size:5,pool_tokens:64 (reference-engine knobs; configure(), e.g. a

@@ -137,7 +137,7 @@ class OpenAIHttpArgs:
         return 0.0 if self.serve == "kvparity" else default
 
     def effective_logprobs(self) -> bool:
-        """Off with serve=kvparity, whose logprobs are a recompute (adapters/commands/serve/app.py)."""
+        """Off with serve=kvparity, whose logprobs are a recompute (kvparity/commands/serve/app.py)."""
         return (self.serve != "kvparity") if self.logprobs is None else self.logprobs
 
     def effective_salt(self) -> bool:

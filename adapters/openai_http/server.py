@@ -65,8 +65,8 @@ def llama_cpp_command(*, gguf: str, port: int, max_context: int) -> list[str]:
 
 def kvparity_command(*, port: int, block_size: int, scope: str, fault: str | None,
                      knobs: Mapping[str, str]) -> list[str]:
-    """`kvparity serve` (adapters/commands/serve/): the reference engine behind an OpenAI-compatible server."""
-    cmd = [sys.executable, "-m", "adapters.commands.serve", "--host", "127.0.0.1", "--port", str(port),
+    """`kvparity serve` (kvparity/commands/serve/): the reference engine behind an OpenAI-compatible server."""
+    cmd = [sys.executable, "-m", "kvparity.commands.serve", "--host", "127.0.0.1", "--port", str(port),
            "--cache-scope", scope, "--engine-arg", f"block_size={block_size}"]
     for knob, value in knobs.items():
         cmd += ["--engine-arg", f"{knob}={value}"]

@@ -48,7 +48,7 @@ import tempfile
 import time
 import urllib.request
 
-from adapters.commands.export_gguf import export_gguf
+from adapters.gguf_export import export_gguf
 from adapters.openai_http import free_port
 from reference_engine import checkpoints
 from reference_engine.baseline import greedy

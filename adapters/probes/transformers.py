@@ -22,6 +22,7 @@ from transformers import GenerationConfig, LlamaForCausalLM
 
 from adapters import transformers_versions
 from adapters.transformers import count_prefix_hits
+from conformance.exit_codes import ExitCode
 from reference_engine import checkpoints
 
 logging.disable(logging.WARNING)
@@ -100,7 +101,7 @@ def main(argv: list[str]) -> int:
     print(f"transformers {features.version}")
     if which in ("stop-ids", "prefill-only") and not features.continuous_batching:
         print(f"{which} needs generate_batch with block sharing; transformers {features.version} has none")
-        return 3
+        return ExitCode.ERROR
     if which == "stop-ids":
         found = stop_ids(model)
     elif which == "prefill-only":
@@ -111,9 +112,9 @@ def main(argv: list[str]) -> int:
         found = assisted(model, features)
     else:
         print(__doc__)
-        return 3
+        return ExitCode.USAGE
     print("REPRODUCED" if found else "not reproduced")
-    return 1 if found else 0
+    return ExitCode.FAIL if found else ExitCode.PASS
 
 
 if __name__ == "__main__":

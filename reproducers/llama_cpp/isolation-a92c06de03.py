@@ -18,13 +18,13 @@ misbehaves (one line: the claim, the request, the first divergent position, expe
 
 from __future__ import annotations  # the embedded helpers' type hints stay unevaluated
 
-# --- the checker shared by every reproducer (kvparity adapters/commands/export/runtime.py) ---
+# --- the checker shared by every reproducer (kvparity kvparity/commands/export/runtime.py) ---
 import argparse
 import json
 import os
 import sys
 
-# The step fields and claim names are the plan's (adapters/commands/export/plan.py writes them).
+# The step fields and claim names are the plan's (kvparity/commands/export/plan.py writes them).
 OUTPUT_CHECKS = ("parity", "history_independence", "spec_independence", "schedule_independence",
                  "eviction_safety")
 

@@ -1,9 +1,0 @@
-"""`python -m conformance ...` is the `kvparity` command (the supervisor starts its child this way).
-
-The guard matters: engines that start worker processes with multiprocessing's spawn (vLLM) re-import
-the main module in each worker, which must not start another kvparity."""
-
-from conformance.cli import console_main
-
-if __name__ == "__main__":
-    console_main()

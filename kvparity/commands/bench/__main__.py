@@ -1,0 +1,5 @@
+"""`python -m kvparity.commands.bench` = `kvparity bench`."""
+
+from kvparity.commands.bench import main
+
+raise SystemExit(main())

@@ -1,0 +1,246 @@
+"""`kvparity calibrate`: measure an engine's numerical noise floor, and the tau that follows from it.
+
+    kvparity calibrate --engine transformers --engine-arg dtype=bfloat16 --out reports/calibration/x.json
+    kvparity run --engine transformers --engine-arg dtype=bfloat16 --calibration reports/calibration/x.json
+
+In bf16/fp16, plain greedy decoding is not batch-invariant: a request decoded alone and decoded in a batch
+of others (or at another position in it) sees different GEMM shapes and reduction orders, and its logits
+move in the last bits. Where the top-1/top-2 margin is below that movement the argmax flips. This command
+measures the movement, with no feature of the engine switched on:
+
+  batch   plain decoding of each request alone (A) against the same request in batches of
+          `--batch-sizes` others, at every position of the batch (B);
+  oracle  A against the oracle's baseline (O): the float64 reference, or the engine itself with
+          `oracle=self` (then this source is zero by construction).
+
+At every decoding step both runs share (up to and including their first difference) the sample is the
+difference of the signed top-1/top-2 margin, |s_A - s_V|: where both chose the same token the difference
+of their margins, where they differ the sum (the gap crossed zero). A feature run is compared with the
+oracle, and its deviation from it is at most (O vs A) + (A vs the feature's own shapes), so
+
+  tau = bound(oracle) + bound(batch),
+
+each bound a distribution-free upper confidence bound on the `--quantile` of its sample at
+`--confidence` (conformance.numerics.quantile_bound: an order statistic chosen by the binomial
+distribution; the sample maximum, said so, when the sample is too small for the claim). The file also
+holds the samples' histogram and quantiles, every flip seen, and plain mode's per-step flip rate against
+the oracle, which `kvparity run --calibration` tests each feature's near-tie rate against.
+
+An engine whose adapter has `plain(requests) -> list[Baseline]` (plain decoding of the requests as one
+batch; the transformers adapter: one left-padded `generate`) is measured through it. Any other engine is
+measured through `run()` under its default configuration, with the top-2 logits it reports (then the
+"alone" runs are batches of one and the file says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from kvparity.parsing import UsageParser, output_file, run_command, summary
+from conformance.exit_codes import ExitCode
+from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seconds
+from conformance.engine_lifecycle import build_engine, close_engine
+from conformance.contract import Baseline, Capabilities, EngineError, Request, UsageError
+from conformance.numerics import CALIBRATION_VERSION, quantile_bound
+
+HISTOGRAM_EDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, math.inf)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    from conformance.engines import parse_engine_args, resolve
+
+    p = UsageParser(prog="kvparity calibrate", description=summary(__doc__))
+    p.add_argument("--engine", required=True, help="adapter name (see `kvparity engines`) or module:Class")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="K=V", help="adapter argument (repeatable)")
+    p.add_argument("--out", required=True, help="the calibration file to write (JSON)")
+    p.add_argument("--prompts", type=positive_int, default=32, help="distinct requests measured")
+    p.add_argument("--max-tokens", type=positive_int, default=16, help="tokens decoded per request")
+    p.add_argument("--batch-sizes", default="2,4", help="batch sizes each request is also decoded in")
+    p.add_argument("--quantile", type=float, default=0.999, help="quantile of the margin difference tau bounds")
+    p.add_argument("--confidence", type=float, default=0.95, help="confidence of that upper bound")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the batch compositions")
+    p.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
+                   help="seconds to build or close the engine before it counts as hung")
+    args = p.parse_args(argv)
+    args.engine_args = parse_engine_args(args.engine_arg)
+    try:
+        args.sizes = sorted({int(s) for s in args.batch_sizes.split(",") if s.strip()})
+    except ValueError:
+        raise UsageError(f"--batch-sizes {args.batch_sizes!r}: comma-separated integers") from None
+    if not args.sizes or min(args.sizes) < 2 or max(args.sizes) > args.prompts:
+        raise UsageError(f"--batch-sizes {args.batch_sizes!r}: each between 2 and --prompts ({args.prompts})")
+    for name in ("quantile", "confidence"):
+        if not 0.0 < getattr(args, name) < 1.0:
+            raise UsageError(f"--{name} {getattr(args, name)}: a number strictly between 0 and 1")
+    args.out = output_file(args.out)
+    resolve(args.engine)
+    return args
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def plain_runner(engine: Any, caps: Capabilities) -> tuple[Callable[[Sequence[Request]], list[Baseline]], str]:
+    """How plain decoding of a batch is asked of this engine, and that said in words."""
+    if callable(getattr(engine, "plain", None)):
+        return engine.plain, "the adapter's plain(): plain decoding of the requests as one batch"
+    if not caps.top2_logits:
+        raise UsageError(f"engine {caps.name!r} reports no top-2 logits and has no plain(): nothing to measure")
+    engine.configure({})
+
+    def via_run(requests: Sequence[Request]) -> list[Baseline]:
+        out = []
+        for r in engine.run(list(requests)):
+            top2 = r.top2 or ()
+            out.append(Baseline(r.output[:len(top2)], r.finish_reason, [t[1] - t[3] for t in top2],
+                                [t[2] for t in top2]))
+        return out
+    return via_run, "run() under the default configuration, margins from the reported top-2 logits"
+
+
+def compare_runs(a: Baseline, v: Baseline) -> tuple[list[float], dict[str, Any] | None]:
+    """Signed-margin differences at every step a and v share (up to and including their first
+    difference), and the flip there if there is one."""
+    deltas = []
+    for j, (ta, tv) in enumerate(zip(a.output, v.output)):
+        if j >= len(a.margins) or j >= len(v.margins):
+            break
+        ma, mv = a.margins[j], v.margins[j]
+        if ta == tv:
+            deltas.append(abs(ma - mv))
+            continue
+        deltas.append(ma + mv)
+        return deltas, {"position": j, "expected": int(ta), "got": int(tv), "margin_expected_side": ma,
+                        "margin_got_side": mv}
+    return deltas, None
+
+
+def batches(n: int, size: int, rng: random.Random) -> list[list[int]]:
+    """Every request in batches of `size` others, once at every position: chunks of a shuffled order,
+    each chunk rotated through all its positions."""
+    order = list(range(n))
+    rng.shuffle(order)
+    chunks = [order[i:i + size] for i in range(0, n - size + 1, size)]
+    return [chunk[r:] + chunk[:r] for chunk in chunks for r in range(size)]
+
+
+def histogram(sample: Sequence[float]) -> list[dict[str, Any]]:
+    rows = []
+    for lo, hi in zip(HISTOGRAM_EDGES, HISTOGRAM_EDGES[1:]):
+        count = sum(1 for x in sample if lo <= x < hi)
+        rows.append({"from": lo, "to": None if math.isinf(hi) else hi, "count": count})
+    return rows
+
+
+def describe(sample: Sequence[float], quantile: float, confidence: float) -> dict[str, Any]:
+    xs = sorted(sample)
+    q = (lambda f: xs[min(len(xs) - 1, int(f * len(xs)))] if xs else 0.0)
+    return {"n": len(xs), "zero": sum(1 for x in xs if x == 0.0), "max": xs[-1] if xs else 0.0,
+            "quantiles": {"0.5": q(0.5), "0.9": q(0.9), "0.99": q(0.99), "0.999": q(0.999)},
+            "bound": quantile_bound(xs, quantile, confidence).to_json(), "histogram": histogram(xs)}
+
+
+def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from conformance.strategies import max_prompt_len, seeded_tokens
+
+    caps = engine.capabilities()
+    plain, how = plain_runner(engine, caps)
+    rng = random.Random(args.seed)
+    top = max(2, min(64, max_prompt_len(caps)))
+    requests = [Request(f"cal{i}", seeded_tokens(caps, rng.randint(2, top), args.seed * 100003 + i), args.max_tokens)
+                for i in range(args.prompts)]
+    started = time.monotonic()
+    alone = [plain([r])[0] for r in requests]
+    oracle = [engine.baseline(r) for r in requests]
+    samples: dict[str, list[float]] = {"batch": [], "oracle": []}
+    flips: list[dict[str, Any]] = []
+    plain_flips = plain_steps = 0
+    plain_noise: list[float] = []  # plain outputs (alone and batched) against the oracle, per shared step
+
+    def against_oracle(i: int, out: Baseline) -> None:
+        nonlocal plain_flips, plain_steps
+        deltas, flip = compare_runs(oracle[i], out)
+        plain_steps += len(deltas)
+        plain_flips += flip is not None
+        plain_noise.extend(deltas)
+
+    for i, (o, a) in enumerate(zip(oracle, alone)):
+        deltas, flip = compare_runs(o, a)
+        samples["oracle"] += deltas
+        against_oracle(i, a)
+        if flip:
+            flips.append({"source": "oracle", "request": requests[i].id, **flip})
+    for size in args.sizes:
+        for chunk in batches(len(requests), size, rng):
+            outs = plain([requests[j] for j in chunk])
+            for position, (j, out) in enumerate(zip(chunk, outs)):
+                deltas, flip = compare_runs(alone[j], out)
+                samples["batch"] += deltas
+                against_oracle(j, out)
+                if flip:
+                    flips.append({"source": f"batch of {size}, position {position}", "request": requests[j].id, **flip})
+    sources = {k: describe(v, args.quantile, args.confidence) for k, v in samples.items()}
+    tau = sources["oracle"]["bound"]["value"] + sources["batch"]["bound"]["value"]
+    widest = max((f["margin_expected_side"] for f in flips), default=0.0)
+    return {
+        "kvparity_calibration": CALIBRATION_VERSION, "engine": args.engine, "engine_args": args.engine_args,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "capabilities": {"name": caps.name, "version": caps.version, "oracle": caps.oracle,
+                         "declared_tolerance": caps.tolerance, "vocab_size": caps.vocab_size},
+        "method": {"plain": how, "requests": len(requests), "max_tokens": args.max_tokens,
+                   "batch_sizes": args.sizes, "seed": args.seed, "quantile": args.quantile,
+                   "confidence": args.confidence,
+                   "sample": "|signed top-1/top-2 margin difference| per shared decoding step",
+                   "tau": "bound(oracle) + bound(batch)"},
+        "tau": tau,
+        "tau_covers_every_flip_seen": widest <= tau,
+        "sources": sources,
+        "plain_near_ties": {"flips": plain_flips, "steps": plain_steps,
+                            "what": "plain outputs (alone and in every batch) diverging from the oracle, per "
+                                    "step compared"},
+        "flips": flips,
+        # sorted: `kvparity run --calibration` reads P(noise > margin) from it (numerics.flip_probability)
+        "plain_noise": sorted(round(x, 7) for x in plain_noise),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def work(args: argparse.Namespace) -> int:
+    """Exit 0 with the file written; 3 (one line) when the engine cannot be built or fails."""
+    try:
+        engine = build_engine(args.engine, args.engine_args, args.timeout)
+    except (UsageError, EngineError) as exc:
+        print(f"kvparity calibrate: error: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    try:
+        data = calibrate(engine, args)
+    except (UsageError, EngineError) as exc:
+        print(f"kvparity calibrate: error: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    except Exception as exc:  # noqa: BLE001 - an engine crash is one line and exit 3, never a file
+        print(f"kvparity calibrate: engine error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
+        return ExitCode.USAGE
+    finally:
+        closed = close_engine(engine, args.timeout)
+        if closed:
+            print(f"ERROR: {closed}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    b, o = data["sources"]["batch"], data["sources"]["oracle"]
+    print(f"tau {data['tau']:.4g} = oracle bound {o['bound']['value']:.4g} (n {o['n']}) + batch bound "
+          f"{b['bound']['value']:.4g} (n {b['n']}), quantile {args.quantile} at confidence {args.confidence}; "
+          f"flips seen {len(data['flips'])}, plain per-step flip rate {data['plain_near_ties']['flips']}/"
+          f"{data['plain_near_ties']['steps']}; wrote {args.out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command("kvparity calibrate", parse, work, argv)

@@ -1,0 +1,181 @@
+"""`kvparity run --engine NAME`: run the conformance suite against an engine and write a run folder
+(history.jsonl, report.md / report.html / junit.xml, witnesses/) whose verdict is the exit code.
+
+0 pass, 1 a violation with a shrunk witness, 2 inconclusive (a claimed capability never exercised), 3 an
+error (the engine crashed, hung or answered malformed, or bad input), 130 interrupted. From the console
+the work runs in a supervised child, so an engine that ends the process itself still gets a verdict."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seconds
+from conformance.engine_lifecycle import Session, build_engine, close_engine
+from conformance.exit_codes import ExitCode
+from conformance.reproduce import DEFAULT_MAX_SHRINK_SECONDS, seed_line
+from conformance.step_counts import table
+from kvparity.parsing import UsageParser, run_command, summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from conformance.run_config import DEFAULT_REPORT_DIR, PROFILES
+
+    run = UsageParser(prog="kvparity run", description=summary(__doc__))
+    run.add_argument("--engine", required=True, help="adapter name (see `kvparity engines`) or module:Class")
+    run.add_argument("--engine-arg", action="append", default=[], metavar="K=V",
+                     help="adapter argument (repeatable, each key once)")
+    run.add_argument("--profile", default="dev", choices=list(PROFILES),
+                     help="Hypothesis profile: dev 12 examples, ci 100 (derandomized), nightly 1000")
+    run.add_argument("--checks", default="", help="comma-separated check names (empty: all)")
+    run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR,
+                     help="where run folders go (the default is git-ignored; reports/ is for committed results)")
+    run.add_argument("--seed", type=int, default=None,
+                     help="Hypothesis seed (none: one is drawn and printed; the ci profile is derandomised)")
+    run.add_argument("--max-examples", type=positive_int, default=None,
+                     help="override the profile's example count (none: the profile's)")
+    run.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
+                     help="seconds per engine call (construction and close included) before it counts as hung")
+    run.add_argument("--no-shrink", "-x", "--exitfirst", action="store_true",
+                     help="stop at the first failing example and report it unshrunk (faster)")
+    run.add_argument("--max-shrink-seconds", type=positive_seconds, default=DEFAULT_MAX_SHRINK_SECONDS,
+                     help="stop shrinking a failure after this many seconds; the witness so far is reported")
+    run.add_argument("--calibration", default=None, metavar="FILE",
+                     help="a `kvparity calibrate` file: its measured tau replaces the adapter's declared one, and "
+                          "features are flagged against its plain near-tie rate (none: the declared tau)")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="no progress line (by default: live on a terminal, every tenth of the examples in a log)")
+    run.add_argument("--accept-unsteered", action="store_true",
+                     help="a situation the adapter found no landmarks for (eos paths, near-ties, same-text pairs) "
+                          "and the run never reached is noted, not inconclusive")
+    run.add_argument("--minimise", action="store_true",
+                     help="after the run, minimise one witness per failed check on fresh engines (<case>.min.json); "
+                          "each replay builds an engine, so this is for engines that start fast")
+    run.add_argument("--known", default=None, metavar="FILE",
+                     help="known-findings file (`kvparity report RUN_DIR --write-known FILE`): failures with its "
+                          "signatures are reported as known and do not fail the run; the run goes on looking")
+    run.add_argument("--strict-known", action="store_true",
+                     help="with --known: a known finding this run did not see (fixed) fails the run")
+    return run
+
+
+def config_from(args: argparse.Namespace, calibration: Any, known: Any) -> Any:
+    """The run's configuration, validated once (conformance.run_config): bad checks, profile or
+    --strict-known without --known are a one-line usage error before any engine is built."""
+    from conformance.engines import parse_engine_args
+    from conformance.run_config import RunConfig
+
+    return RunConfig(engine_name=args.engine, engine_args=parse_engine_args(args.engine_arg),
+                     profile=args.profile, checks=[c for c in args.checks.split(",") if c.strip()],
+                     report_dir=args.report_dir, seed=args.seed, max_examples=args.max_examples,
+                     timeout_s=args.timeout, shrink=not args.no_shrink,
+                     max_shrink_seconds=args.max_shrink_seconds,
+                     tolerance=calibration.tau if calibration else None,
+                     calibration=calibration.path if calibration else None, close=True,
+                     known_findings=known, strict_known=args.strict_known)
+
+
+def work(args: argparse.Namespace, session: Session) -> int:
+    import attrs
+
+    from conformance import numerics, status
+    from conformance.known import load as load_known
+    from conformance.progress import Progress
+    from conformance.engines import resolve
+    from conformance.report import print_summary
+    from conformance.run_folder import new_run_dir
+    from conformance.run_handlers import ReportWriter
+    from conformance.runner import run_suite
+    from kvparity.parsing import writable_folder
+
+    calibration = numerics.load_calibration(args.calibration) if args.calibration else None
+    config = config_from(args, calibration, load_known(args.known) if args.known else None)
+    report_dir = writable_folder(config.report_dir, "--report-dir")
+    resolve(config.engine_name)  # an unknown engine is a usage error before anything is built
+    engine = build_engine(config.engine_name, dict(config.engine_args), config.timeout_s)
+    if args.accept_unsteered:
+        from conformance.situations import accept_unsteered
+
+        accept_unsteered(engine)
+    config = attrs.evolve(config, run_dir=new_run_dir(report_dir, config.engine_name))
+    status.tell(run_dir=str(config.run_dir))
+    said: list[str] = []  # what the report writer says (minimised witnesses, numerics), after the summary
+    new_engine = lambda: build_engine(config.engine_name, dict(config.engine_args), config.timeout_s)  # noqa: E731
+    minimise = (lambda outcome: minimise_failures(outcome, new_engine, config.timeout_s, config.engine_name,
+                                                  said.append)) if args.minimise else None
+    report = ReportWriter(calibration, minimise, said.append)
+    outcome = run_suite(engine, config, [report] if args.quiet else [Progress(), report])
+    # The engine is closed (a failing close is an error event of the history) before the report is
+    # written, so the exit code, every report file and `kvparity report` tell one verdict.
+    session.hard_exit = outcome.abandoned or outcome.interrupted
+    print_summary(outcome.analysis, outcome.run_dir, config.engine_name)
+    if outcome.report_error:
+        print(f"ERROR: {outcome.report_error}")
+    for line in said:
+        print(line)
+    return finish(args, outcome, engine)
+
+
+def finish(args: argparse.Namespace, outcome: Any, engine: Any) -> int:
+    """The run's last lines (step counts, the seed line that reruns it, the verdict) and its exit code;
+    an interrupted run's engine is closed here, after its report."""
+    from conformance import status
+
+    a = outcome.analysis
+    code = outcome.exit_code
+    if outcome.report_error and not outcome.interrupted:
+        code = ExitCode.ERROR  # no report files: the run ends as an error, whatever it found
+    word = "INTERRUPTED" if outcome.interrupted else "ERROR" if code == ExitCode.ERROR else a.verdict.upper()
+    if outcome.shrink_capped:
+        print(f"shrinking stopped at --max-shrink-seconds {args.max_shrink_seconds:g}: each witness is the smallest "
+              f"failure found by then (a larger cap, or --minimise, may shrink it further)")
+    print(table(Counter(outcome.step_kinds)))
+    print(seed_line(args, outcome.seed))
+    print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
+    status.tell(verdict=code)
+    if outcome.interrupted and not outcome.closed and not outcome.abandoned:  # closed after its report
+        closed = close_engine(engine, args.timeout)
+        if closed is not None:
+            print(f"ERROR: {closed}")
+    return code
+
+
+def minimise_failures(outcome: Any, new_engine: Callable[[], Any], timeout_s: float,
+                      engine: str | None = None, say: Callable[[str], None] = print) -> dict[str, str]:
+    """Minimise one witness per failed check, from the witness (the shrunk example) and from the run's
+    first example that failed the check (from the outcome's History, not re-read from disk); check ->
+    the line saying what came of it."""
+    from conformance.strategies import step_from_json
+
+    minimised: dict[str, str] = {}
+    examples = {ex.index: ex for ex in outcome.history.examples}
+    for f in outcome.analysis.failures:
+        witness = outcome.run_dir / "witnesses" / (f.case_id + ".json")
+        if f.check not in minimised and witness.is_file():
+            first = examples.get(outcome.first_failing.get(f.check, -1))
+            also = [[step_from_json(s) for s in first.steps()]] if first else []
+            minimised[f.check] = line = minimise_line(witness, new_engine, timeout_s, engine, also=also)
+            say(f"  minimised [{f.check}]: {line}")
+    return minimised
+
+
+def minimise_line(witness: Path, new_engine: Callable[[], Any], timeout_s: float, engine: str | None = None,
+                  also: Sequence[Sequence[Any]] = ()) -> str:
+    """Minimise one witness file (and from the further starting points `also`); say in one line what
+    came of it."""
+    from conformance.minimise import minimise_witness_file, size, witness_steps
+    from conformance.report import replay_command
+
+    small = minimise_witness_file(witness, new_engine, timeout_s=timeout_s, also=also)
+    if small is None:
+        return "nothing smaller still fails"
+    before, after = (size(witness_steps(p)) for p in (witness, small))
+    return (f"{replay_command(small, engine)} (prompt tokens, requests, steps: {after[0]}, {after[1]}, {after[2]}; "
+            f"the run's witness: {before[0]}, {before[1]}, {before[2]})")
+
+
+def main(argv: Sequence[str] | None = None, session: Session | None = None) -> int:
+    session = session or Session()
+    return run_command("kvparity run", build_parser().parse_args, lambda args: work(args, session), argv)
