@@ -20,7 +20,7 @@ def build_engine(name: str, engine_args: dict[str, str], timeout_s: float) -> An
     """Construct the adapter on the main thread (some engines install signal handlers, which only the
     main thread may), bounded by a watchdog."""
     from conformance.calls import watchdog
-    from conformance.registry import load_engine
+    from conformance.engines import load_engine
 
     with watchdog(timeout_s, f"building engine {name!r}"):
         return load_engine(name, engine_args)

@@ -19,7 +19,7 @@ def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, A
     """(engine name, engine args, check, steps) of a witness file. Nothing in the file chooses code to
     run: it may name a *registered* engine only; an unregistered `module:Class` is used only when the
     user names it with --engine."""
-    from conformance.registry import known_engines
+    from conformance.engines import known_engines
     from conformance.strategies import step_from_json
     from conformance.untrusted import read_json
 
