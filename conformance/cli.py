@@ -297,7 +297,7 @@ def minimise_failures(outcome: Any, new_engine: Callable[[], Any], timeout_s: fl
     """Minimise one witness per failed check, from the witness (the shrunk example) and from the run's
     first example that failed the check; check -> the line saying what came of it."""
     from conformance.history import load
-    from conformance.strategies import step_from_json
+    from conformance.scenario import step_from_json
 
     minimised: dict[str, str] = {}
     try:
@@ -337,7 +337,7 @@ def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, A
     run: it may name a *registered* engine only; an unregistered `module:Class` is used only when the
     user names it with --engine."""
     from conformance.registry import known_engines
-    from conformance.strategies import step_from_json
+    from conformance.scenario import step_from_json
     from conformance.untrusted import read_json
 
     try:
@@ -377,7 +377,7 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
     from conformance import validation
     from conformance.calls import EngineCalls
     from conformance.runner import replay
-    from conformance.strategies import Configure
+    from conformance.scenario import Configure
     from conformance.untrusted import check_configs, refuse_remote_hosts
 
     name, witness_args, check, steps = read_witness(path, engine)

@@ -40,7 +40,8 @@ from conformance.oracle import Oracle
 from conformance.progress import Progress
 from conformance.hunt import Hunt
 from conformance.shrink_budget import ShrinkBudget, ShrinkTimeUp
-from conformance.strategies import Configure, Continuation, Reset, Step, scenarios
+from conformance.scenario import Configure, Continuation, Reset, Step
+from conformance.strategies import scenarios
 from conformance.verdicts import CheckResult, Failure
 
 DEFAULT_REPORT_DIR = ".kvparity/runs"  # untracked (git-ignored): a user's run never writes into reports/

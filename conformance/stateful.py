@@ -1,7 +1,7 @@
 """A Hypothesis `RuleBasedStateMachine` over one engine session, with the checks as invariants.
 
 Where `strategies.scenarios` draws a whole stream up front, the state machine lets Hypothesis steer a
-live session, one step at a time: each rule is one of the step kinds of `strategies.STEP_KINDS` (a fresh
+live session, one step at a time: each rule is one of the step kinds of `step_kinds.STEP_KINDS` (a fresh
 batch, a resend, a conversation turn, a stop that surely fires, poisoning by another identity, a shifted
 prefix, a flood, a flush and resend, a reconfiguration, a reset), drawn by the same builder over the
 same `Stream` as `scenarios`, under the same precondition. After every rule the session's history so
@@ -30,7 +30,9 @@ from conformance.contract import Capabilities, Engine, EngineError
 from conformance.history import HistoryBuilder, HistoryWriter
 from conformance.oracle import Oracle
 from conformance.runner import ConformanceFailure, ScenarioRunner
-from conformance.strategies import STEP_KINDS, Configure, Stream, draw_step
+from conformance.scenario import Configure
+from conformance.step_kinds import STEP_KINDS, draw_step
+from conformance.stream import Stream
 
 
 class EngineBroken(BaseException):
@@ -156,5 +158,5 @@ def _kind_rule(name: str):
         self.step(name, data)
 
     kind_rule.__name__ = name
-    kind_rule.__doc__ = f"A `{name}` step (strategies.STEP_KINDS)."
+    kind_rule.__doc__ = f"A `{name}` step (step_kinds.STEP_KINDS)."
     return kind_rule

@@ -16,7 +16,7 @@ import pytest
 
 from conformance.cli import main
 from conformance.minimise import size
-from conformance.strategies import step_from_json
+from conformance.scenario import step_from_json
 from conformance.registry import load_engine, parse_engine_args
 from conformance.contract import UsageError
 

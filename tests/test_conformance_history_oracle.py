@@ -14,8 +14,9 @@ from conformance.contract import Baseline, Capabilities, Identity, Request, Resu
 from conformance.history import (HistoryWriter, baseline_from, NotAHistory, capabilities_from, encode, load, read_events, request_from,
                                  result_from)
 from conformance.oracle import DIVERGE, EQUAL, FINISH, NEAR_TIE, Oracle, compare, compare_pair
-from conformance.strategies import (adapter_bindings, Batch, Configure, Continuation, all_identities, max_prompt_len, scenarios,
-                                    step_from_json, step_to_json, token_range)
+from conformance.domains import adapter_bindings, all_identities, max_prompt_len, token_range
+from conformance.scenario import Batch, Configure, Continuation, step_from_json, step_to_json
+from conformance.strategies import scenarios
 
 CAPS = Capabilities(name="t", vocab_size=64, max_context=128, eos_id=5, block_size=4, identities={"salt", "adapter"},
                     adapters=("l1",), config_space={"spec_k": (0, 2)}, knob_roles={"spec_k": "speculation"},
@@ -182,7 +183,7 @@ def test_scenarios_respect_declared_capabilities(steps):
 
 
 def test_prompt_lengths_concentrate_at_block_multiples():
-    from conformance.strategies import prompt_lengths
+    from conformance.domains import prompt_lengths
 
     lengths = []
 

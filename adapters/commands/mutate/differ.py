@@ -1,5 +1,5 @@
 """The bounded differential search that classifies a mutant the suite did not kill: random scenarios
-(conformance/strategies.py, the suite's own step kinds) through the mutant and through the unmutated
+(conformance/strategies.py and step_kinds.py, the suite's own step kinds) through the mutant and through the unmutated
 engine, what each shows compared. No difference within the budget: *equivalent* (as far as anyone
 could tell from outside); a difference: *survivor*, a blind spot of the suite, and the smallest
 differing scenario is its evidence.
@@ -50,7 +50,8 @@ def draw_scenarios(n: int, seed: int, profile: str, blackbox: bool) -> list[list
 
     from adapters.reference import ReferenceAdapter
     from conformance.runner import PROFILES
-    from conformance.strategies import scenarios, step_to_json
+    from conformance.scenario import step_to_json
+    from conformance.strategies import scenarios
 
     caps = ReferenceAdapter(**engine_args(blackbox)).capabilities()
     drawn: list[list[dict[str, Any]]] = []
@@ -85,7 +86,7 @@ def observe(engine_kwargs: Mapping[str, str], scenarios: Sequence[Sequence[Mappi
     from conformance.history import HistoryWriter
     from conformance.oracle import Oracle
     from conformance.runner import ScenarioRunner
-    from conformance.strategies import step_from_json
+    from conformance.scenario import step_from_json
 
     class NoBaselines(Oracle):
         """The differential compares engine against engine: no plain-greedy baseline is computed."""
