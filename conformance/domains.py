@@ -48,10 +48,25 @@ def tokens(caps: Capabilities) -> st.SearchStrategy[int]:
 REPEATING_SEED, REPEAT_PERIOD = 7, 16
 
 
+# One seed in EDGE_PERIOD draws its tokens from the small alphabet AND the vocabulary's edges (`edge_tokens`):
+# the ids a stream of ordinary text never holds, where an engine that gives an id a meaning inside a
+# prompt (an end, a pad to mask, a separator, an out-of-range embedding row) shows it. Not seed 0.
+EDGE_PERIOD, EDGE_RESIDUE = 8, 5
+
+
+def edge_tokens(caps: Capabilities) -> tuple[int, ...]:
+    """The vocabulary's edges: its first two ids, its last, and eos (the special ids live there)."""
+    edges = {0, 1, caps.vocab_size - 1} | ({caps.eos_id} if caps.eos_id is not None else set())
+    return tuple(sorted(t for t in edges if 0 <= t < caps.vocab_size))
+
+
 def seeded_tokens(caps: Capabilities, n: int, seed: int) -> tuple[int, ...]:
-    """`n` tokens of the small alphabet (never eos), a pure function of `seed`."""
+    """`n` tokens of the small alphabet (never eos; with the vocabulary's edges for one seed in
+    EDGE_PERIOD), a pure function of `seed`."""
     lo, hi = token_range(caps)
     alphabet = [t for t in range(lo, hi + 1) if t != caps.eos_id] or [lo]
+    if seed % EDGE_PERIOD == EDGE_RESIDUE:
+        alphabet += list(edge_tokens(caps)) * max(1, len(alphabet) // 8)  # about one token in five an edge
     rng = random.Random(seed)
     if seed == REPEATING_SEED:
         period = tuple(rng.choice(alphabet) for _ in range(REPEAT_PERIOD))
@@ -70,7 +85,8 @@ def token_lists(caps: Capabilities, n: int) -> st.SearchStrategy[tuple[int, ...]
 
 
 def prompt_lengths(caps: Capabilities, top: int | None = None) -> st.SearchStrategy[int]:
-    """Mostly k * block_size + {+1, 0, -1}; sometimes anything. Never below 1 or above the cap.
+    """Mostly k * block_size + {+1, 0, -1}; sometimes anything. Never below 1 or above the cap
+    (`Stream.fresh_request` adds the other end of the domain: prompts that fill the context).
 
     +1 comes first, so the simplest length — where shrinking goes, and what the simplest scenario
     (the one Hypothesis runs first in every run) sends twice — is one full block and the token after
@@ -79,6 +95,13 @@ def prompt_lengths(caps: Capabilities, top: int | None = None) -> st.SearchStrat
     b, top = caps.block_size, top or max_prompt_len(caps)
     near = st.builds(lambda k, d: k * b + d, st.integers(1, max(1, top // b)), st.sampled_from((1, 0, -1)))
     return st.one_of(near, st.integers(1, min(top, 3 * b))).map(lambda n: min(max(1, n), top))
+
+
+def at_context_end(budget: int, limit: int) -> st.SearchStrategy[int]:
+    """A prompt length at the far end of the domain: the request fills the context exactly (its last
+    output token takes the last position a request may use) or stops one short of it. Draft slots,
+    pool reservations and position limits are clamped there, and nowhere else."""
+    return st.sampled_from((0, 1)).map(lambda short: max(1, limit - budget - short))
 
 
 def max_tokens(caps: Capabilities) -> st.SearchStrategy[int]:
@@ -100,17 +123,45 @@ def adapter_bindings(caps: Capabilities) -> list[tuple[str | None, str | None]]:
     return out
 
 
-def all_identities(caps: Capabilities) -> list[Identity]:
+def all_identities(caps: Capabilities, salts: tuple[str, ...] = ()) -> list[Identity]:
     """Every identity the engine can express, the default first (it is what shrinking goes to).
 
     One salt is crafted to equal an adapter name: extra keys that are concatenated instead of
-    domain-separated make adapter "X" and salt "X" collide (vLLM 44701, SGLang 24638)."""
+    domain-separated make adapter "X" and salt "X" collide (vLLM 44701, SGLang 24638). `salts`: more
+    salts (`derived_salts`, drawn per stream)."""
     revisions = caps.revisions if "revision" in caps.identities else caps.revisions[:1]
     adapters = adapter_bindings(caps) if "adapter" in caps.identities else [(None, None)]
     crafted = next((name for name, _ in adapters if name), "tenant-b")
-    salts = (None, "tenant-a", crafted) if "salt" in caps.identities else (None,)
+    base = (None, "tenant-a", crafted) if "salt" in caps.identities else (None,)
+    every = base + tuple(s for s in salts if s not in base) if "salt" in caps.identities else base
     return [Identity(revision=r, adapter=a, adapter_digest=d, salt=s)
-            for r in revisions for a, d in adapters for s in salts]
+            for r in revisions for a, d in adapters for s in every]
+
+
+def identity_strings(caps: Capabilities) -> list[str]:
+    """The identity strings in play before a stream starts: the base salts, adapter names, revisions."""
+    names = [n for n, _ in adapter_bindings(caps) if n]
+    return sorted({"tenant-a", *names, *caps.revisions})
+
+
+def derived_salts(caps: Capabilities) -> st.SearchStrategy[tuple[str, ...]]:
+    """One or two salts made from the identity strings in play, each one edit away from one of them:
+    a character appended (a key that truncates), the last dropped (a key that compares prefixes), the
+    case flipped (a key that folds case), or two joined by a character, possibly none (a key that
+    concatenates fields). The character is drawn from the whole of Unicode, not from a list of
+    separators; none where the engine takes no salt."""
+    if "salt" not in caps.identities:
+        return st.just(())
+    seeds = identity_strings(caps)
+    one = st.sampled_from(seeds)
+    char = st.text(max_size=1)
+    edits = st.one_of(
+        st.tuples(one, char).map(lambda p: p[0] + p[1]),
+        one.map(lambda s: s[:-1]),
+        one.map(str.swapcase),
+        st.tuples(one, char, one).map(lambda p: p[0] + p[1] + p[2]),
+    )
+    return st.lists(edits.filter(lambda s: s and s not in seeds), min_size=1, max_size=2, unique=True).map(tuple)
 
 
 def identity_distance(a: Identity, b: Identity) -> int:

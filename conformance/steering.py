@@ -31,7 +31,7 @@ def _respec_tail(s: Stream) -> None:
     # Earlier requests again under another speculation setting, all else unchanged: the direct test of
     # spec_independence (BUG_CLASSES C), which configure-then-resend makes only by chance.
     s.respeculate()
-    s.add_batch(tuple(renamed(p, s.next_id(), s.top) for p in s.pick_from_pool()))
+    s.add_batch(tuple(renamed(p, s.next_id(), s.fit(p)) for p in s.pick_from_pool()))
 
 
 def _cross_identity_tail(s: Stream) -> None:

@@ -20,7 +20,7 @@ def _batch(s: Stream) -> tuple:
 
 def _resend(s: Stream) -> tuple:
     order = s.draw(st.permutations(s.pick_from_pool()))
-    return tuple(renamed(p, s.next_id(), s.top) for p in order)
+    return tuple(renamed(p, s.next_id(), s.fit(p)) for p in order)
 
 
 def _continue(s: Stream) -> tuple:
@@ -202,11 +202,12 @@ def _respell(s: Stream) -> None:
 
 def colliding_pair(s: Stream) -> tuple[Identity, Identity]:
     """Two distinct identities whose salt and adapter name give one string when joined without domain
-    separation (`salt + sep + adapter` vs salt alone): a key built that way serves one the other's KV."""
+    separation (`salt + sep + adapter` vs salt alone): a key built that way serves one the other's KV.
+    The salt is one in play and the separator any one character or none (drawn, not listed)."""
     named = [(n, d) for n, d in adapter_bindings(s.caps) if n]
     name, digest = s.draw(st.sampled_from(named))
-    sep = s.draw(st.sampled_from(("", ":", "/", "|", "-", "_", " ")))
-    stem = s.draw(st.sampled_from(("tenant-a", "t", name)))
+    sep = s.draw(st.text(max_size=1))
+    stem = s.draw(st.sampled_from(sorted({i.salt for i in s.identities if i.salt})))
     revision = s.draw(st.sampled_from(sorted(landmark_revisions(s))))
     fused = Identity(revision=revision, salt=s.draw(st.sampled_from((stem + sep + name, name + sep + stem))))
     split = Identity(revision=revision, adapter=name, adapter_digest=digest, salt=stem)

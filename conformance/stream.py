@@ -9,8 +9,9 @@ from attrs import frozen
 from hypothesis import strategies as st
 
 from conformance.contract import Capabilities, Request
-from conformance.domains import (all_identities, configs, max_prompt_len, max_tokens, one_binding_per_adapter,
-                                 prompt_lengths, spec_knobs, stop_ids, token_lists)
+from conformance.domains import (all_identities, at_context_end, configs, context_limit, derived_salts,
+                                 max_prompt_len, max_tokens, one_binding_per_adapter, prompt_lengths, spec_knobs,
+                                 stop_ids, token_lists)
 from conformance.scenario import Batch, Configure, Continuation, Step
 
 
@@ -25,9 +26,10 @@ class Stream:
     def __init__(self, draw: st.DrawFn, caps: Capabilities, max_batch: int = 4, id_prefix: str = "r") -> None:
         self.draw, self.caps, self.max_batch, self.id_prefix = draw, caps, max_batch, id_prefix
         self.top = max_prompt_len(caps)
+        self.limit = context_limit(caps)  # tokens one request may take in the configuration in effect
         self.roots = draw(st.lists(prompt_lengths(caps).flatmap(lambda n: token_lists(caps, n)),
                                    min_size=1, max_size=3))
-        self.identities = all_identities(caps)
+        self.identities = all_identities(caps, draw(derived_salts(caps)))
         self.ident = st.sampled_from(self.identities)
         self._ids = itertools.count()
         self.steps: list[Step] = []
@@ -43,12 +45,25 @@ class Stream:
         return [p for p in self.pool if isinstance(p, Request)]
 
     def fresh_request(self) -> Request:
+        """A new request: its prompt a shared root cut or extended to a drawn length. One in eight fills
+        the context in effect (three fair booleans), the far end of the length domain."""
         draw, caps = self.draw, self.caps
-        length = draw(prompt_lengths(caps, self.top))
+        budget = draw(max_tokens(caps))
+        if all(draw(st.booleans()) for _ in range(3)):
+            length = draw(at_context_end(budget, self.limit))
+        else:
+            length = draw(prompt_lengths(caps, self.top))
         which = draw(st.integers(0, len(self.roots)))
         base = self.roots[which] if which < len(self.roots) else ()
         prompt = base[:length] if len(base) >= length else base + draw(token_lists(caps, length - len(base)))
-        return Request(self.next_id(), prompt, draw(max_tokens(caps)), draw(stop_ids(caps)), draw(self.ident))
+        return Request(self.next_id(), prompt, budget, draw(stop_ids(caps)), draw(self.ident))
+
+    def fit(self, item: Union[Request, Continuation]) -> int:
+        """The longest prompt `item` may keep when sent again here: what the context in effect leaves
+        after its max_tokens (a request that filled a larger context is cut to fill this one)."""
+        if isinstance(item, Continuation):
+            return self.top
+        return max(1, self.limit - item.max_tokens) if len(item.prompt) > self.top else self.top
 
     def configure(self, config: Mapping[str, Any] | None = None) -> None:
         self.assume(self.draw(configs(self.caps)) if config is None else config)
@@ -59,6 +74,7 @@ class Stream:
         self.current = dict(config)
         self.bs = int(self.current.get("block_size", self.caps.block_size))
         self.top = max_prompt_len(self.caps, self.current)
+        self.limit = context_limit(self.caps, self.current)
 
     def respeculate(self) -> None:
         """Another value of one speculation knob, every other knob as configured."""
