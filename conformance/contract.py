@@ -59,7 +59,9 @@ class Request:
                 self.prompt, self.max_tokens, self.stop_ids)
 
 
-FINISH_REASONS = ("eos", "stop", "length", "abort")
+# "refused": the engine declined the request without running it (no output), because it lies past a
+# limit the engine declares (`Capabilities.refuses`); the other requests of the batch go on.
+FINISH_REASONS = ("eos", "stop", "length", "abort", "refused")
 
 # What a difference in a configuration knob tests (Capabilities.knob_roles): the drafter, k or
 # speculation on/off; the cache (size, block size, prefix caching on/off); or scheduling (chunk size,
@@ -200,6 +202,11 @@ class Capabilities:
     # engine is made to evict under short requests, and it cannot hold a long one (vLLM refuses to start
     # with max_model_len above its KV capacity); the strategies keep requests within it.
     context_limits: Mapping[str, Mapping[str, int]] = field(factory=dict)
+    # The engine answers a request past its declared limits (prompt + max_tokens over `max_context` or
+    # the `context_limits` of the configuration in effect) with finish_reason "refused" and goes on with
+    # the rest of the batch; the strategies then also send requests one token past each limit, and such
+    # a request must be refused or answered exactly (a refusal within the limits is a failure).
+    refuses: bool = False
     # Shortest prompt (in tokens) that can produce a prefix hit at all (vLLM CPU: a full block + 1).
     min_hit_prompt: int = 2
     version: str = ""
@@ -207,6 +214,12 @@ class Capabilities:
     # Which oracle judges this run, in words ("reference (float64)", "self (generate, bfloat16)"); the
     # report names it, since a self-judged pass says less than a reference-judged one.
     oracle: str = ""
+
+    def context_limit(self, config: Mapping[str, Any] | None = None) -> int:
+        """Tokens one request may take under `config`: `max_context`, or less where a knob value lowers it."""
+        limits = [self.max_context] + [int(v) for knob, value in (config or {}).items()
+                                       if (v := self.context_limits.get(knob, {}).get(str(value))) is not None]
+        return min(limits)
 
 
 @runtime_checkable

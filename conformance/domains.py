@@ -19,13 +19,7 @@ def max_prompt_len(caps: Capabilities, config: Mapping[str, Any] | None = None) 
 
 
 def context_limit(caps: Capabilities, config: Mapping[str, Any] | None = None) -> int:
-    """Tokens one request may take under `config`: `max_context`, or less where a knob value lowers it."""
-    limits = [caps.max_context]
-    for knob, value in (config or {}).items():
-        limit = caps.context_limits.get(knob, {}).get(str(value))
-        if limit is not None:
-            limits.append(int(limit))
-    return min(limits)
+    return caps.context_limit(config)
 
 
 def token_range(caps: Capabilities) -> tuple[int, int]:
@@ -97,11 +91,12 @@ def prompt_lengths(caps: Capabilities, top: int | None = None) -> st.SearchStrat
     return st.one_of(near, st.integers(1, min(top, 3 * b))).map(lambda n: min(max(1, n), top))
 
 
-def at_context_end(budget: int, limit: int) -> st.SearchStrategy[int]:
+def at_context_end(budget: int, limit: int, past: bool = False) -> st.SearchStrategy[int]:
     """A prompt length at the far end of the domain: the request fills the context exactly (its last
-    output token takes the last position a request may use) or stops one short of it. Draft slots,
-    pool reservations and position limits are clamped there, and nowhere else."""
-    return st.sampled_from((0, 1)).map(lambda short: max(1, limit - budget - short))
+    output token takes the last position a request may use) or stops one short of it — and, for an
+    engine that refuses what lies past its limits (`Capabilities.refuses`), goes one token past it.
+    Draft slots, pool reservations and position limits are clamped there, and nowhere else."""
+    return st.sampled_from((0, 1, -1) if past else (0, 1)).map(lambda short: max(1, limit - budget - short))
 
 
 def max_tokens(caps: Capabilities) -> st.SearchStrategy[int]:

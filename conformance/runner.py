@@ -184,8 +184,8 @@ class ScenarioRunner:
         self.writer.append("batch", results=results, snapshot=self._snapshot())
         for q, r in zip(requests, results):
             resolved[q.id] = (q, r)
-        for q in requests:
-            if self.oracle.missing(q):  # computed on the engine-call thread, recorded from this one
+        for q, r in zip(requests, results):
+            if r.finish_reason != "refused" and self.oracle.missing(q):  # computed on the engine-call thread, recorded from this one
                 b = self.calls(lambda q=q: validation.baseline(q, self.engine.baseline(q), self.caps), "baseline")
                 self.oracle.store(q, b)
 

@@ -45,12 +45,12 @@ class Stream:
         return [p for p in self.pool if isinstance(p, Request)]
 
     def fresh_request(self) -> Request:
-        """A new request: its prompt a shared root cut or extended to a drawn length. One in eight fills
-        the context in effect (three fair booleans), the far end of the length domain."""
+        """A new request: its prompt a shared root cut or extended to a drawn length. One in four fills
+        the context in effect (two fair booleans), the far end of the length domain."""
         draw, caps = self.draw, self.caps
         budget = draw(max_tokens(caps))
-        if all(draw(st.booleans()) for _ in range(3)):
-            length = draw(at_context_end(budget, self.limit))
+        if draw(st.booleans()) and draw(st.booleans()):
+            length = draw(at_context_end(budget, self.limit, caps.refuses))
         else:
             length = draw(prompt_lengths(caps, self.top))
         which = draw(st.integers(0, len(self.roots)))

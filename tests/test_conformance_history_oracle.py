@@ -14,7 +14,7 @@ from conformance.contract import Baseline, Capabilities, Identity, Request, Resu
 from conformance.history import (HistoryWriter, baseline_from, NotAHistory, capabilities_from, encode, load, read_events, request_from,
                                  result_from)
 from conformance.oracle import DIVERGE, EQUAL, FINISH, NEAR_TIE, Oracle, compare, compare_pair
-from conformance.domains import adapter_bindings, all_identities, max_prompt_len, token_range
+from conformance.domains import adapter_bindings, all_identities, edge_tokens, max_prompt_len, token_range
 from conformance.scenario import Batch, Configure, Continuation, step_from_json, step_to_json
 from conformance.strategies import scenarios
 
@@ -165,9 +165,11 @@ def test_scenarios_respect_declared_capabilities(steps):
     lo, hi = token_range(CAPS)
     idents = set(all_identities(CAPS))
     bindings = set(adapter_bindings(CAPS))
+    step_config: dict = {}
     for step in steps:
         if isinstance(step, Configure):
             assert all(v in CAPS.config_space[k] for k, v in step.config.items())
+            step_config = dict(step.config)
         if isinstance(step, Batch):
             assert 1 <= len(step.items) <= 4
             for item in step.items:
@@ -176,9 +178,10 @@ def test_scenarios_respect_declared_capabilities(steps):
                 assert i in idents or (i.revision in CAPS.revisions and (i.adapter, i.adapter_digest) in bindings)
                 assert 1 <= item.max_tokens <= 16
                 tokens = item.extra if isinstance(item, Continuation) else item.prompt
-                assert all(lo <= t <= hi and t != CAPS.eos_id for t in tokens)
-                if isinstance(item, Request):
-                    assert 1 <= len(item.prompt) <= max_prompt_len(CAPS)
+                # the small alphabet (never eos), or the vocabulary's edges (one token seed in eight)
+                assert all((lo <= t <= hi and t != CAPS.eos_id) or t in edge_tokens(CAPS) for t in tokens)
+                if isinstance(item, Request):  # the whole length domain: up to filling the context
+                    assert 1 <= len(item.prompt) <= CAPS.context_limit(step_config) - item.max_tokens + int(CAPS.refuses)
         assert step_from_json(json.loads(json.dumps(step_to_json(step)))) == step
 
 
