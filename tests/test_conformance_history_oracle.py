@@ -14,7 +14,7 @@ from conformance.contract import Baseline, Capabilities, Identity, Request, Resu
 from conformance.history import (HistoryWriter, baseline_from, NotAHistory, capabilities_from, encode, load, read_events, request_from,
                                  result_from)
 from conformance.oracle import DIVERGE, EQUAL, FINISH, NEAR_TIE, Oracle, compare, compare_pair
-from conformance.domains import adapter_bindings, all_identities, edge_tokens, max_prompt_len, token_range
+from conformance.domains import adapter_bindings, all_identities, edge_tokens, token_range
 from conformance.scenario import Batch, Configure, Continuation, step_from_json, step_to_json
 from conformance.strategies import scenarios
 
