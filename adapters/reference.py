@@ -46,7 +46,8 @@ from reference_engine.baseline import greedy
 from reference_engine.config import DRAFTER_NAMES, EngineConfig
 from reference_engine.engine import Engine
 from reference_engine.engine import Request as EngineRequest
-from reference_engine.errors import PoolExhaustedError, ReferenceEngineError, UnknownAdapterError
+from reference_engine.errors import (ContextOverflowError, PoolExhaustedError, ReferenceEngineError,
+                                     UnknownAdapterError)
 from reference_engine.faults import build_engine, fault_names
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.sequence import Identity as EngineIdentity
@@ -192,7 +193,7 @@ class ReferenceAdapter:
             revisions=self.registry.revisions(),
             adapters=tuple(f"{name}@{digest}" for name in sorted(self.registry.adapters())
                            for digest in sorted(self.registry.known_weights())),
-            introspection=self.introspection, baseline_mode=True, tolerance=0.0,
+            introspection=self.introspection, baseline_mode=True, tolerance=0.0, refuses=True,
             knobs=KNOB_TABLE, min_hit_prompt=c.block_size + 1, landmarks=shipped_landmarks())
 
     def configure(self, config: Mapping[str, Any]) -> None:
@@ -218,17 +219,27 @@ class ReferenceAdapter:
         return Baseline(g.output, g.finish_reason, g.margins, g.runner_up, g.contenders)
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
+        """One batch. A request past the engine's limits (the model's context, or more blocks than the
+        whole pool) is refused on its own — finish_reason "refused", the engine's reason in `extra` — and
+        the others run: the engine checks each request before it queues any."""
         try:
             batch = [EngineRequest(r.id, r.prompt, r.max_tokens, r.stop_ids, self._identity(r.identity))
                      for r in requests]
-            reports = self.engine.generate(batch)
+            refused = {}
+            for r in batch:
+                try:
+                    self.engine.check_request(r.request_id, r.prompt, r.max_tokens, r.identity)
+                except (ContextOverflowError, PoolExhaustedError) as e:
+                    refused[r.request_id] = Result(r.request_id, (), "refused", extra={"refusal": str(e)})
+            ran = iter(self.engine.generate([r for r in batch if r.request_id not in refused]) if len(refused) < len(batch)
+                       else ())
+            return [refused.get(r.request_id) or self._result(next(ran)) for r in batch]
         except (ReferenceEngineError, PoolExhaustedError) as e:
             raise UsageError(f"{type(e).__name__}: {e}") from e
         except UsageError:
             raise
         except Exception as e:
             raise EngineError(f"reference engine: {type(e).__name__}: {e}") from e
-        return [self._result(rep) for rep in reports]
 
     def snapshot(self) -> Mapping[str, Any]:
         return self.engine.snapshot()

@@ -9,7 +9,7 @@ example, that go after what is missing. An engine that cannot reach a situation 
 and never chunks) still ends inconclusive, and the history says how many completion examples tried.
 
 Nothing here is written for one situation. A completion example tries every *arm* — each step kind of
-`strategies.STEP_KINDS`, each closing tail (`TAILS`) and each steering tail (`STEERING`) — and the
+`step_kinds.STEP_KINDS`, each closing tail (`TAILS`) and each steering tail (`STEERING`) — and the
 situation counter (the oracle of coverage, `conformance.situations`) says what they reached:
 
 - Parameters known to produce it go first. Each batch of the history is credited with the situations it
@@ -41,7 +41,10 @@ from hypothesis import strategies as st
 from conformance.contract import Capabilities
 from conformance.history import BatchRecord, Example, History, HistoryWriter
 from conformance.situations import SITUATIONS, missing
-from conformance.strategies import STEERING, STEP_KINDS, TAILS, Batch, Reset, Step, StepKind, Stream, draw_step
+from conformance.scenario import Batch, Reset, Step
+from conformance.steering import STEERING, TAILS
+from conformance.step_kinds import STEP_KINDS, draw_step
+from conformance.stream import StepKind, Stream
 
 COMPLETION_EXAMPLES = 8  # completion examples at most, for all missing situations together (a correct
 # reference engine needed at most 6 in 50 plugin runs; each reaches a missing situation in ~4 of 5 draws)

@@ -59,7 +59,9 @@ class Request:
                 self.prompt, self.max_tokens, self.stop_ids)
 
 
-FINISH_REASONS = ("eos", "stop", "length", "abort")
+# "refused": the engine declined the request without running it (no output), because it lies past a
+# limit the engine declares (`Capabilities.refuses`); the other requests of the batch go on.
+FINISH_REASONS = ("eos", "stop", "length", "abort", "refused")
 
 # What a difference in a configuration knob tests (Capabilities.knob_roles): the drafter, k or
 # speculation on/off; the cache (size, block size, prefix caching on/off); or scheduling (chunk size,
@@ -265,6 +267,11 @@ class Capabilities:
     # (`config_space`, `knob_roles`, `prefix_caching_off`, `context_limits`) are read-only views of
     # these, and still accepted as constructor arguments (converted here, see `__init__`).
     knobs: tuple[Knob, ...] = field(default=(), converter=_knob_tuple)
+    # The engine answers a request past its declared limits (prompt + max_tokens over `max_context` or
+    # the `context_limits` of the configuration in effect) with finish_reason "refused" and goes on with
+    # the rest of the batch; the strategies then also send requests one token past each limit, and such
+    # a request must be refused or answered exactly (a refusal within the limits is a failure).
+    refuses: bool = False
     # Shortest prompt (in tokens) that can produce a prefix hit at all (vLLM CPU: a full block + 1).
     min_hit_prompt: int = 2
     version: str = ""
@@ -306,6 +313,12 @@ class Capabilities:
     def context_limits(self) -> Mapping[str, Mapping[str, int]]:
         """knob -> {str(value): most tokens per request}, the shape the strategies look values up in."""
         return _VIEWS["context_limits"](self.knobs)
+
+    def context_limit(self, config: Mapping[str, Any] | None = None) -> int:
+        """Tokens one request may take under `config`: `max_context`, or less where a knob value lowers it."""
+        limits = [self.max_context] + [int(v) for knob, value in (config or {}).items()
+                                       if (v := self.context_limits.get(knob, {}).get(str(value))) is not None]
+        return min(limits)
 
 
 @runtime_checkable

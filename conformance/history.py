@@ -186,7 +186,13 @@ class BatchRecord:
     evictions_before: int | None = None
 
     def pairs(self) -> Iterable[tuple[int, Request, Result]]:
-        return ((i, q, r) for i, (q, r) in enumerate(zip(self.requests, self.results)))
+        """The requests the engine ran, with their results (a refused request ran nothing: `refusals`)."""
+        return ((i, q, r) for i, (q, r) in enumerate(zip(self.requests, self.results))
+                if r.finish_reason != "refused")
+
+    def refusals(self) -> Iterable[tuple[int, Request, Result]]:
+        return ((i, q, r) for i, (q, r) in enumerate(zip(self.requests, self.results))
+                if r.finish_reason == "refused")
 
 
 @frozen

@@ -33,7 +33,7 @@ from conformance.contract import Capabilities, Engine
 from conformance.history_codec import capabilities_from
 from conformance.run_folder import write_text
 from conformance.scenario_runner import replay
-from conformance.strategies import MAX_NEW, Batch, Configure, Step, step_from_json, step_to_json
+from conformance.scenario import MAX_NEW, Batch, Configure, Step, step_from_json, step_to_json
 from conformance.untrusted import read_json
 
 

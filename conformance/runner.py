@@ -42,7 +42,8 @@ from conformance.run_handlers import InMemoryHistory, ReportWriter, RunHandler, 
 from conformance.run_outcome import RunOutcome
 from conformance.scenario_runner import ScenarioRunner
 from conformance.shrink_budget import ShrinkBudget, ShrinkTimeUp
-from conformance.strategies import Step, scenarios
+from conformance.scenario import Step
+from conformance.strategies import scenarios
 from conformance.verdicts import CheckFailure
 
 

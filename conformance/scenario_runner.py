@@ -16,7 +16,7 @@ from conformance.completion import MarkedScenario
 from conformance.contract import Capabilities, Engine, EngineError, Introspectable, Request, Result
 from conformance.history import HistoryWriter, parse
 from conformance.oracle import Oracle
-from conformance.strategies import Configure, Continuation, Reset, Step
+from conformance.scenario import Configure, Continuation, Reset, Step
 from conformance.verdicts import CheckResult
 
 
@@ -132,8 +132,8 @@ class ScenarioRunner:
         self.writer.append("batch", results=results, snapshot=self._snapshot())
         for q, r in zip(requests, results):
             resolved[q.id] = (q, r)
-        for q in requests:
-            if self.oracle.missing(q):  # computed on the engine-call thread, recorded from this one
+        for q, r in zip(requests, results):
+            if r.finish_reason != "refused" and self.oracle.missing(q):  # computed on the engine-call thread, recorded from this one
                 b = self.calls(lambda q=q: validation.baseline(q, self.engine.baseline(q), self.caps), "baseline")
                 self.oracle.store(q, b)
 

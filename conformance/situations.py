@@ -394,3 +394,21 @@ def near_tie_met(h: History) -> int:
         if base is not None:
             n += any(m < NEAR_TIE_MARGIN for m in base.margins[:max(1, len(r.output))])
     return n
+
+
+# -- the far end of the length domain -------------------------------------------------------------
+
+
+@situation(title="a request that filled the context of its configuration exactly (prompt + max_tokens)",
+           claim="context limits (not required: one fresh request in four is drawn there)",
+           relevant=lambda caps: False)
+def context_filled(h: History) -> int:
+    caps = h.capabilities
+    return 0 if caps is None else sum(len(q.prompt) + q.max_tokens == caps.context_limit(b.config)
+                                      for b, q, _ in _results(h))
+
+
+@situation(title="a request past a declared limit, refused", claim="refusal past the limits (not required)",
+           relevant=lambda caps: False)
+def refused_past_limit(h: History) -> int:
+    return sum(1 for b in h.batches() for _ in b.refusals())

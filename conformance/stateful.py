@@ -31,7 +31,9 @@ from conformance.history import HistoryBuilder, HistoryWriter
 from conformance.oracle import Oracle
 from conformance.runner import ConformanceFailure
 from conformance.scenario_runner import ScenarioRunner
-from conformance.strategies import STEP_KINDS, Configure, Stream, draw_step
+from conformance.scenario import Configure
+from conformance.step_kinds import STEP_KINDS, draw_step
+from conformance.stream import Stream
 
 
 class EngineBroken(BaseException):

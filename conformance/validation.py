@@ -104,6 +104,8 @@ def result(q: Request, r: Any, caps: Capabilities) -> None:
     if r.finish_reason not in FINISH_REASONS:
         raise EngineError(f"{where}: unknown finish_reason {r.finish_reason!r}")
     _tokens(r.output, caps.vocab_size, f"{where}: output")
+    if r.finish_reason == "refused" and r.output:
+        raise EngineError(f"{where}: a refused request has no output, got {len(r.output)} tokens")
     for name in ("cached_tokens", "draft_proposed", "draft_accepted", "evictions", "prefill_chunks"):
         _count(getattr(r, name), f"{where}: {name}")
     if r.preempted is not None and not isinstance(r.preempted, bool):

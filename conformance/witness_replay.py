@@ -20,7 +20,7 @@ def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, A
     run: it may name a *registered* engine only; an unregistered `module:Class` is used only when the
     user names it with --engine."""
     from conformance.engines import known_engines
-    from conformance.strategies import step_from_json
+    from conformance.scenario import step_from_json
     from conformance.untrusted import read_json
 
     try:
@@ -60,7 +60,7 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
     from conformance import validation
     from conformance.calls import EngineCalls
     from conformance.scenario_runner import replay
-    from conformance.strategies import Configure
+    from conformance.scenario import Configure
     from conformance.untrusted import check_configs, refuse_remote_hosts
 
     name, witness_args, check, steps = read_witness(path, engine)

@@ -60,18 +60,24 @@ def test_pool_tokens_sizes_the_pool_in_tokens_and_bounds_the_requests(block_size
     results = adapter.run(reqs)
     assert [r.output for r in results] == [adapter.baseline(q).output for q in reqs]
     assert adapter.engine.evictions > 0
-    with pytest.raises(UsageError, match="blocks"):
-        adapter.run([Request("long", tuple(range(100, 100 + limit - 14)), 16)])
+    [refused] = adapter.run([Request("long", tuple(range(100, 100 + limit - 14)), 16)])
+    assert (refused.finish_reason, refused.output) == ("refused", ()) and "blocks" in refused.extra["refusal"]
 
 
-def test_a_refused_batch_leaves_nothing_live_and_its_ids_can_be_sent_again():
-    """Through the contract: a batch with one request too long for the 64-token pool is refused as a
-    whole (a usage error), the engine holds none of its requests, and the same ids run next."""
+def test_a_request_past_the_limits_is_refused_alone_and_the_batch_goes_on():
+    """Through the contract (`Capabilities.refuses`): in a batch with one request too long for the 64-token
+    pool and one past the model's context, those two come back "refused" (no output, the engine's reason
+    in `extra`), the others run exactly, the engine holds nothing afterwards, and the ids can be sent again."""
     adapter = ReferenceAdapter()
+    assert adapter.capabilities().refuses
     adapter.configure({"pool_tokens": 64, "block_size": 16})
+    context = adapter.capabilities().max_context
     good, long = Request("s0", tuple(range(100, 120)), 4), Request("s1", tuple(range(100, 160)), 16)
-    with pytest.raises(UsageError, match="blocks"):
-        adapter.run([good, long])
+    past = Request("s2", tuple(4 + i % 500 for i in range(context)), 1)
+    results = adapter.run([good, long, past])
+    assert [r.finish_reason for r in results[1:]] == ["refused", "refused"]
+    assert "blocks" in results[1].extra["refusal"] and "context" in results[2].extra["refusal"]
+    assert results[0].output == adapter.baseline(good).output
     snap = adapter.snapshot()
     assert snap["live_requests"] == [] and snap["blocks_in_use"] == 0
     results = adapter.run([good, Request("s1", tuple(range(200, 220)), 4)])

@@ -16,7 +16,7 @@ import pytest
 
 from kvparity.cli import main
 from conformance.minimise import size
-from conformance.strategies import step_from_json
+from conformance.scenario import step_from_json
 from conformance.engines import load_engine, parse_engine_args
 from conformance.contract import UsageError
 

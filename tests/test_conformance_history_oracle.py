@@ -14,8 +14,9 @@ from conformance.contract import Baseline, Capabilities, Identity, Request, Resu
 from conformance.history import HistoryWriter, NotAHistory, load, read_events
 from conformance.history_codec import baseline_from, capabilities_from, encode, request_from, result_from
 from conformance.oracle import DIVERGE, EQUAL, FINISH, NEAR_TIE, Oracle, compare, compare_pair
-from conformance.strategies import (adapter_bindings, Batch, Configure, Continuation, all_identities, max_prompt_len, scenarios,
-                                    step_from_json, step_to_json, token_range)
+from conformance.domains import adapter_bindings, all_identities, edge_tokens, token_range
+from conformance.scenario import Batch, Configure, Continuation, step_from_json, step_to_json
+from conformance.strategies import scenarios
 
 CAPS = Capabilities(name="t", vocab_size=64, max_context=128, eos_id=5, block_size=4, identities={"salt", "adapter"},
                     adapters=("l1",), config_space={"spec_k": (0, 2)}, knob_roles={"spec_k": "speculation"},
@@ -164,9 +165,11 @@ def test_scenarios_respect_declared_capabilities(steps):
     lo, hi = token_range(CAPS)
     idents = set(all_identities(CAPS))
     bindings = set(adapter_bindings(CAPS))
+    step_config: dict = {}
     for step in steps:
         if isinstance(step, Configure):
             assert all(v in CAPS.config_space[k] for k, v in step.config.items())
+            step_config = dict(step.config)
         if isinstance(step, Batch):
             assert 1 <= len(step.items) <= 4
             for item in step.items:
@@ -175,14 +178,15 @@ def test_scenarios_respect_declared_capabilities(steps):
                 assert i in idents or (i.revision in CAPS.revisions and (i.adapter, i.adapter_digest) in bindings)
                 assert 1 <= item.max_tokens <= 16
                 tokens = item.extra if isinstance(item, Continuation) else item.prompt
-                assert all(lo <= t <= hi and t != CAPS.eos_id for t in tokens)
-                if isinstance(item, Request):
-                    assert 1 <= len(item.prompt) <= max_prompt_len(CAPS)
+                # the small alphabet (never eos), or the vocabulary's edges (one token seed in eight)
+                assert all((lo <= t <= hi and t != CAPS.eos_id) or t in edge_tokens(CAPS) for t in tokens)
+                if isinstance(item, Request):  # the whole length domain: up to filling the context
+                    assert 1 <= len(item.prompt) <= CAPS.context_limit(step_config) - item.max_tokens + int(CAPS.refuses)
         assert step_from_json(json.loads(json.dumps(step_to_json(step)))) == step
 
 
 def test_prompt_lengths_concentrate_at_block_multiples():
-    from conformance.strategies import prompt_lengths
+    from conformance.domains import prompt_lengths
 
     lengths = []
 

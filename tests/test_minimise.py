@@ -6,7 +6,7 @@ from __future__ import annotations
 from adapters.reference import ReferenceAdapter
 from conformance.contract import Identity, Request
 from conformance.minimise import minimise, minimise_from, size, span, still_fails
-from conformance.strategies import Batch, Configure, Reset
+from conformance.scenario import Batch, Configure, Reset
 from fake_engine import FakeDictEngine
 
 SHARED = tuple(range(4, 40))  # 36 tokens: nine blocks of 4

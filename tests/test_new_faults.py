@@ -22,7 +22,7 @@ import adapters.reference as ref
 from conformance import validation
 from conformance.contract import Identity, Request
 from conformance.scenario_runner import replay
-from conformance.strategies import Batch, Configure
+from conformance.scenario import Batch, Configure
 from reference_engine.faults import FAULTS, _tokenizer
 
 P_EOS1 = (471, 457, 270, 659, 11, 201, 816, 458, 357, 311, 456, 300, 311, 475, 264, 311, 413, 274, 997, 345)

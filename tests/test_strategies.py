@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, find, given, settings
 
 from conformance.contract import Capabilities, Landmarks, NearTie
 from conformance.history_codec import capabilities_from, encode
-from conformance.strategies import Batch, Configure, Continuation, scenarios
+from conformance.scenario import Batch, Configure, Continuation
+from conformance.strategies import scenarios
 
 CAPS = Capabilities(name="fake-limits", vocab_size=512, max_context=1024, block_size=16,
                     config_space={"pool_tokens": (4096, 64)}, knob_roles={"pool_tokens": "cache"},
@@ -77,7 +78,7 @@ def test_restop_stops_at_the_drawn_position_unless_its_token_came_earlier():
 def test_speculation_sweep_puts_every_knob_at_each_value_past_its_first():
     from types import SimpleNamespace
 
-    from conformance.strategies import speculation_sweep
+    from conformance.steering import speculation_sweep
 
     space = {"drafter": ("none", "oracle", "draft", "ngram"), "k": (3, 1, 5), "block_size": (16, 4)}
     s = SimpleNamespace(caps=SimpleNamespace(config_space=space), spec=["drafter", "k"], current={"block_size": 4})
@@ -92,7 +93,7 @@ def _drawn(build):
     """The steps `build(stream)` appends on the simplest draw (Hypothesis' first example)."""
     from hypothesis import strategies as st
 
-    from conformance.strategies import Stream
+    from conformance.stream import Stream
 
     @st.composite
     def steps(draw):
@@ -104,7 +105,8 @@ def _drawn(build):
 
 def test_the_cross_identity_tail_sends_one_prompt_under_every_identity_one_input_away():
     from conformance.contract import Identity, Request
-    from conformance.strategies import _cross_identity_tail, identity_distance
+    from conformance.domains import identity_distance
+    from conformance.steering import _cross_identity_tail
 
     victim = Identity("a", "x", "d1", "tenant-a")
 
@@ -124,7 +126,7 @@ def test_the_cross_identity_tail_sends_one_prompt_under_every_identity_one_input
 
 
 def test_the_near_tie_tail_sends_every_tie_cold_then_warm_under_a_block_size_that_can_hit():
-    from conformance.strategies import _near_ties_tail
+    from conformance.step_kinds import _near_ties_tail
 
     ties = (NearTie("a", tuple(range(5, 29))), NearTie("a", tuple(range(30, 54))))
 
@@ -145,7 +147,11 @@ def test_a_flood_is_drawn_only_where_it_can_exhaust_the_pool():
     cannot, and the flood (the dearest step) would be four long prompts for nothing."""
     from types import SimpleNamespace
 
-    from conformance.strategies import MAX_NEW, can_flood, max_prompt_len
+    from conformance.domains import max_prompt_len
+
+    from conformance.scenario import MAX_NEW
+
+    from conformance.step_kinds import can_flood
 
     def stream(config):
         return SimpleNamespace(caps=CAPS, current=config, max_batch=4, top=max_prompt_len(CAPS, config))
@@ -157,7 +163,8 @@ def test_a_flood_is_drawn_only_where_it_can_exhaust_the_pool():
 
 def test_the_flush_tail_resets_then_resends_two_blocks_and_a_token_at_most():
     from conformance.contract import Identity, Request
-    from conformance.strategies import Reset, _flush_tail
+    from conformance.scenario import Reset
+    from conformance.steering import _flush_tail
 
     def build(s):
         s.add_batch((Request("v", tuple(range(5, 105)), 12, (), Identity("a")),))
@@ -170,7 +177,7 @@ def test_the_flush_tail_resets_then_resends_two_blocks_and_a_token_at_most():
 
 
 def test_the_repeating_seed_repeats_every_period_and_no_other_seed_does():
-    from conformance.strategies import REPEAT_PERIOD, REPEATING_SEED, seeded_tokens
+    from conformance.domains import REPEAT_PERIOD, REPEATING_SEED, seeded_tokens
 
     def repeats(tokens):
         return tokens[:REPEAT_PERIOD] == tokens[REPEAT_PERIOD:2 * REPEAT_PERIOD]
@@ -187,7 +194,7 @@ def test_a_repeating_prompt_sent_again_catches_block_keys_blind_to_their_parent(
     from adapters.reference import ReferenceAdapter
     from conformance.contract import Request
     from conformance.minimise import still_fails
-    from conformance.strategies import REPEATING_SEED, seeded_tokens
+    from conformance.domains import REPEATING_SEED, seeded_tokens
 
     for fault, fails in (("unchained_block_keys", True), (None, False)):
         def engine():

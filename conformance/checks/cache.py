@@ -91,9 +91,20 @@ def _accounting_problems(q: Request, r: Result, eos: int | None) -> list[tuple[s
 
 @check(title="reported counts are consistent with outputs", severity=Severity.MEDIUM, bug_class="E")
 def accounting(h: History, f: CheckRecorder) -> CheckResult:
-    """Reported cached/accepted counts and finish reasons are consistent with outputs and each other."""
+    """Reported cached/accepted counts and finish reasons are consistent with outputs and each other;
+    a request within the engine's declared limits is never refused."""
     eos = h.capabilities.eos_id if h.capabilities else None
     for b in h.batches():
+        for i, q, r in b.refusals():
+            f.stats["refusals"] += 1
+            limit = h.capabilities.context_limit(b.config) if h.capabilities else None
+            if limit is not None and len(q.prompt) + q.max_tokens <= limit:
+                f.fail(b.example, "refused a request within the declared limits",
+                       f"Request {q.id}: {len(q.prompt)} prompt tokens + max_tokens {q.max_tokens} = "
+                       f"{len(q.prompt) + q.max_tokens}, within the {limit} tokens the engine declares for this "
+                       f"configuration, was refused ({r.extra.get('refusal', 'no reason given')}).",
+                       {"batch": b.index, "request": request_json(q), "finish_reason": r.finish_reason,
+                        "limit": limit})
         for i, q, r in b.pairs():
             f.stats["results"] += 1
             for title, detail in _accounting_problems(q, r, eos):
@@ -102,4 +113,4 @@ def accounting(h: History, f: CheckRecorder) -> CheckResult:
                        {"batch": b.index, "request": request_json(q), "output": list(r.output),
                         "finish_reason": r.finish_reason, "cached_tokens": r.cached_tokens,
                         "draft_proposed": r.draft_proposed, "draft_accepted": r.draft_accepted})
-    return f.result(f.stats["results"] > 0, "no results")
+    return f.result(f.stats["results"] + f.stats["refusals"] > 0, "no results")

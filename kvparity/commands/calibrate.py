@@ -149,7 +149,7 @@ def describe(sample: Sequence[float], quantile: float, confidence: float) -> dic
 
 
 def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from conformance.strategies import max_prompt_len, seeded_tokens
+    from conformance.domains import max_prompt_len, seeded_tokens
 
     caps = engine.capabilities()
     plain, how = plain_runner(engine, caps)

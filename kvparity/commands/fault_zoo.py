@@ -40,7 +40,7 @@ from conformance.contract import UsageError
 from conformance.minimise import minimise_from, witness_size
 from conformance.run_config import PROFILES, RunConfig, profile_settings
 from conformance.runner import run_suite
-from conformance.strategies import Batch, Configure, step_from_json, step_to_json
+from conformance.scenario import Batch, Configure, step_from_json, step_to_json
 from reference_engine.checkpoints import CHECKPOINTS
 from reference_engine.faults import FAULTS
 

@@ -147,7 +147,7 @@ def minimise_failures(outcome: Any, new_engine: Callable[[], Any], timeout_s: fl
     """Minimise one witness per failed check, from the witness (the shrunk example) and from the run's
     first example that failed the check (from the outcome's History, not re-read from disk); check ->
     the line saying what came of it."""
-    from conformance.strategies import step_from_json
+    from conformance.scenario import step_from_json
 
     minimised: dict[str, str] = {}
     examples = {ex.index: ex for ex in outcome.history.examples}

@@ -63,7 +63,7 @@ def capabilities(data: Mapping[str, Any], history: Any | None, same_engine: bool
 
 def resolve(item: Any, resolved: Mapping[str, tuple[Request, Baseline]]) -> Request:
     """`ScenarioRunner.resolve` with the oracle's outputs standing for the engine's."""
-    from conformance.strategies import Continuation
+    from conformance.scenario import Continuation
 
     if not isinstance(item, Continuation):
         return item
@@ -96,7 +96,7 @@ def build(path: str | Path, exporter: ModuleType, target: str, named: str, args:
     from conformance.checks.hygiene import SNAPSHOT_AT_REST
     from conformance.history_codec import oracle_key_str
     from conformance.engines import load_engine
-    from conformance.strategies import Configure, Reset
+    from conformance.scenario import Configure, Reset
 
     path = Path(path)
     data = witness_json(path)

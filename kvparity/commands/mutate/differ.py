@@ -50,7 +50,8 @@ def draw_scenarios(n: int, seed: int, profile: str, blackbox: bool) -> list[list
 
     from adapters.reference import ReferenceAdapter
     from conformance.run_config import PROFILES
-    from conformance.strategies import scenarios, step_to_json
+    from conformance.scenario import step_to_json
+    from conformance.strategies import scenarios
 
     caps = ReferenceAdapter(**engine_args(blackbox)).capabilities()
     drawn: list[list[dict[str, Any]]] = []
@@ -85,7 +86,7 @@ def observe(engine_kwargs: Mapping[str, str], scenarios: Sequence[Sequence[Mappi
     from conformance.history import HistoryWriter
     from conformance.oracle import Oracle
     from conformance.scenario_runner import ScenarioRunner
-    from conformance.strategies import step_from_json
+    from conformance.scenario import step_from_json
 
     class NoBaselines(Oracle):
         """The differential compares engine against engine: no plain-greedy baseline is computed."""
