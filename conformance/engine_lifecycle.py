@@ -1,11 +1,14 @@
 """Building and closing an engine for a command, each bounded by a watchdog, and what a command must
 tell its process afterwards (an engine call left hanging on a thread means the process ends with
 os._exit). Library code shared by `kvparity run`, `replay`, `calibrate` and the plugin's state-machine
-child, so it lives here and not in any one command."""
+child, so it lives here and not in any one command. Also the one wrapper a run puts around an engine
+(`accept_unsteered`)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from conformance.contract import Capabilities, evolve
 
 
 class Session:
@@ -36,3 +39,15 @@ def close_engine(engine: Any, timeout_s: float) -> str | None:
     except Exception as exc:  # noqa: BLE001 - reported, not swallowed
         return f"close() raised {type(exc).__name__}: {one_line(exc)}"
     return None
+
+
+def accept_unsteered(engine) -> None:
+    """`kvparity run --accept-unsteered`: the engine's capabilities say the user accepts situations left
+    unsteered, so the history records the choice and a re-analysis reads the same verdict."""
+    inner = engine.capabilities
+
+    def capabilities() -> Capabilities:
+        caps = inner()
+        return evolve(caps, landmarks=evolve(caps.landmarks, unsteered_accepted=True))
+
+    engine.capabilities = capabilities

@@ -25,9 +25,8 @@ an edited, reordered or cut history is refused by `kvparity report` instead of r
 
 Requests are recorded *before* the engine sees them, so the request that killed an engine is in the
 history, named in the verdict's cause and replayable. Reading is strict: a line that is not an event
-is an error naming the line, a torn last line is reported as a crash mid-write, and an empty file is
-not a history. Reading back turns events into contract value types and groups them into examples of
-batches, which is the shape every check consumes.
+is an error naming the line, a torn last line a crash mid-write, an empty file not a history. Reading
+back turns events into contract values grouped into examples of batches: the shape every check reads.
 """
 
 from __future__ import annotations
@@ -185,14 +184,10 @@ class BatchRecord:
     # snapshot["evictions"] as last seen before this batch (after a reset or an earlier batch), if known
     evictions_before: int | None = None
 
-    def pairs(self) -> Iterable[tuple[int, Request, Result]]:
-        """The requests the engine ran, with their results (a refused request ran nothing: `refusals`)."""
+    def pairs(self, refused: bool = False) -> Iterable[tuple[int, Request, Result]]:
+        """The requests the engine ran and their results; `refused`: those it refused (it ran nothing)."""
         return ((i, q, r) for i, (q, r) in enumerate(zip(self.requests, self.results))
-                if r.finish_reason != "refused")
-
-    def refusals(self) -> Iterable[tuple[int, Request, Result]]:
-        return ((i, q, r) for i, (q, r) in enumerate(zip(self.requests, self.results))
-                if r.finish_reason == "refused")
+                if (r.finish_reason == "refused") == refused)
 
 
 @frozen

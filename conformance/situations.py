@@ -44,20 +44,6 @@ def steering(caps: Capabilities | None, s: Situation) -> str:
         "not steered (the adapter has no landmarks for it)"
 
 
-def accept_unsteered(engine) -> None:
-    """`kvparity run --accept-unsteered`: the engine's capabilities say the user accepts situations left
-    unsteered, so the history records the choice and a re-analysis reads the same verdict."""
-    from conformance.contract import evolve
-
-    inner = engine.capabilities
-
-    def capabilities() -> Capabilities:
-        caps = inner()
-        return evolve(caps, landmarks=evolve(caps.landmarks, unsteered_accepted=True))
-
-    engine.capabilities = capabilities
-
-
 @frozen
 class Coverage:
     """One row of the coverage table."""
@@ -411,4 +397,4 @@ def context_filled(h: History) -> int:
 @situation(title="a request past a declared limit, refused", claim="refusal past the limits (not required)",
            relevant=lambda caps: False)
 def refused_past_limit(h: History) -> int:
-    return sum(1 for b in h.batches() for _ in b.refusals())
+    return sum(1 for b in h.batches() for _ in b.pairs(refused=True))

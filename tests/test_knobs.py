@@ -160,7 +160,7 @@ def test_string_engine_arguments_still_build_an_adapter_and_come_out_typed():
 
 
 def test_the_cli_says_a_bad_engine_argument_in_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "conformance", "run", "--engine", "reference", "--engine-arg", "k=two",
+    r = subprocess.run([sys.executable, "-m", "kvparity", "run", "--engine", "reference", "--engine-arg", "k=two",
                         "--profile", "ci", "-q", "--report-dir", str(tmp_path)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 3

@@ -120,7 +120,7 @@ def test_eos_situations_stay_relevant_without_landmarks_and_say_not_steered():
 
 
 def test_accept_unsteered_turns_only_the_unsteered_gaps_into_notes():
-    from conformance.situations import accept_unsteered
+    from conformance.engine_lifecycle import accept_unsteered
 
     class Engine:
         def capabilities(self):

@@ -22,7 +22,7 @@ MAX_LINES = 400
 
 # Modules allowed over MAX_LINES for now, each being split by its own piece of work. The list only
 # shrinks: an entry that is gone or back under the limit fails the test until it is removed here.
-OVER_THE_LIMIT = {"strategies.py"}
+OVER_THE_LIMIT: set[str] = set()
 
 
 def _lines(path: Path) -> int:

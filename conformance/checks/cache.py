@@ -95,7 +95,7 @@ def accounting(h: History, f: CheckRecorder) -> CheckResult:
     a request within the engine's declared limits is never refused."""
     eos = h.capabilities.eos_id if h.capabilities else None
     for b in h.batches():
-        for i, q, r in b.refusals():
+        for i, q, r in b.pairs(refused=True):
             f.stats["refusals"] += 1
             limit = h.capabilities.context_limit(b.config) if h.capabilities else None
             if limit is not None and len(q.prompt) + q.max_tokens <= limit:

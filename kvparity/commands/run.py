@@ -96,7 +96,7 @@ def work(args: argparse.Namespace, session: Session) -> int:
     resolve(config.engine_name)  # an unknown engine is a usage error before anything is built
     engine = build_engine(config.engine_name, dict(config.engine_args), config.timeout_s)
     if args.accept_unsteered:
-        from conformance.situations import accept_unsteered
+        from conformance.engine_lifecycle import accept_unsteered
 
         accept_unsteered(engine)
     config = attrs.evolve(config, run_dir=new_run_dir(report_dir, config.engine_name))
