@@ -164,8 +164,7 @@ TAILS = (
     StepKind("cross_identity", _cross_identity_tail, lambda s: len(s.identities) > 1 and s.top > s.bs),
     StepKind("pressure", _pressure_tail, lambda s: s.caps.evicts),
     # Earlier traffic again after a flush: a count (or KV) that outlives the flush shows here
-    # (lmdeploy 4917) — the fault zoo's `cached_count_stale` went uncaught without it once the tails
-    # above took their share of the scenario.
+    # (lmdeploy 4917).
     StepKind("flush_resend", _flush_tail, lambda s: bool(s.pool)),
     # eos (where the engine's landmarks say it fires), placed around the verification window under
     # every speculation value half the time: eos inside a draft run or as the bonus token needs both,
@@ -178,13 +177,11 @@ TAILS = (
     StepKind("sharers", lambda s: _switched(s, scheduling, STEP_KINDS["sharers"]), STEP_KINDS["sharers"].applies),
 )
 
-# Steering tails, each in a half or a quarter of the scenarios (fair booleans): the situations a random
-# stream almost never produces (conformance/situations.py). Tails, not entries of KINDS: Hypothesis
-# draws `sampled_from` far from uniformly and one seed starved some kinds completely (seed 0 drew no
-# near_tie step in ~400 when it was a kind), while booleans are fair in every seed (30-60 of 100).
-# A quarter for collide and reload; a half for near_tie and respell, whose bugs need a further
-# condition of their own (a hit on the tie's block; a respelling that keeps block token counts) and
-# were missed in one seed of five at a quarter. Each adds one or two batches of short prompts.
+# Steering tails, each in a half or a quarter of the scenarios (fair booleans: Hypothesis' `sampled_from`
+# is far from uniform, so as step kinds they could be starved in a seed): the situations a random stream
+# almost never produces (conformance/situations.py). A quarter for collide and reload; a half for
+# near_tie and respell, whose bugs need a further condition of their own (a hit on the tie's block; a
+# respelling that keeps block token counts). Each adds one or two batches of short prompts.
 STEERING = (
     (StepKind("near_tie", _near_ties_tail, STEP_KINDS["near_tie"].applies), 1),
     *((StepKind(k.name, _as_tail(k), k.applies), flips) for k, flips in (
