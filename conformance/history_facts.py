@@ -119,3 +119,19 @@ def config_block_size(config: Mapping[str, Any], default: int) -> int:
             except (TypeError, ValueError):
                 pass
     return default
+
+
+def naive_keys(identity, sep: str) -> set[str]:
+    """The strings a key that joins the salt and adapter name present by `sep`, with no domain
+    separation, makes (extra keys appended only when present, as engines build them)."""
+    fields = [f for f in (identity.salt, identity.adapter) if f]
+    return {sep.join(fields), sep.join(fields[::-1])}
+
+
+def collide(a, b) -> bool:
+    """Two identities that one key joining salt and adapter by some one character (or none) confuses.
+    Only a character of their own strings can join both into one string, so those (and none) are tried."""
+    if a == b or a.revision != b.revision:
+        return False
+    seps = {""} | {c for i in (a, b) for s in (i.salt, i.adapter) if s for c in s}
+    return any(naive_keys(a, sep) & naive_keys(b, sep) for sep in seps)

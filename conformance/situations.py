@@ -19,8 +19,8 @@ from typing import Callable, Iterable
 
 from attrs import frozen
 
-from conformance.history_facts import (batch_evicted, chunked, config_block_size, cross_identity_threshold,
-                                       is_cross_identity_attempt, lcp, reuse_scan)
+from conformance.history_facts import (batch_evicted, chunked, collide, config_block_size,
+                                       cross_identity_threshold, is_cross_identity_attempt, lcp, reuse_scan)
 from conformance.contract import Capabilities
 from conformance.history import History
 
@@ -303,19 +303,6 @@ def _after_other_prefix(prompt: tuple, i: int, block: tuple, earlier: list, bs: 
 
 # -- inputs that only a careless key confuses --------------------------------------------------------
 
-SEPARATORS = ("", ":", "/", "|", "-", "_", ",", " ", "@", "\x00")
-
-
-def naive_keys(identity) -> set[str]:
-    """The strings a key that joins salt and adapter name without domain separation would be built from."""
-    fields = [identity.salt or "", identity.adapter or ""]
-    return {sep.join(f) for sep in SEPARATORS for f in (fields, fields[::-1])}
-
-
-def collide(a, b) -> bool:
-    return a != b and a.revision == b.revision and bool(naive_keys(a) & naive_keys(b))
-
-
 @situation(title="another identity whose salt and adapter collide when joined naively sent the prefix first",
            claim="identities", relevant=lambda caps: {"salt", "adapter"} <= caps.identities)
 def naive_identity_collision(h: History) -> int:
@@ -382,12 +369,11 @@ def near_tie_met(h: History) -> int:
     return n
 
 
-# -- the far end of the length domain -------------------------------------------------------------
+# -- the far end of the length domain (shown, not required: one fresh request in four is drawn there) --
 
 
-@situation(title="a request that filled the context of its configuration exactly (prompt + max_tokens)",
-           claim="context limits (not required: one fresh request in four is drawn there)",
-           relevant=lambda caps: False)
+@situation(title="a request that filled its configuration's context exactly (prompt + max_tokens)",
+           claim="context limits (not required)", relevant=lambda caps: False)
 def context_filled(h: History) -> int:
     caps = h.capabilities
     return 0 if caps is None else sum(len(q.prompt) + q.max_tokens == caps.context_limit(b.config)

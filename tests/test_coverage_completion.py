@@ -88,7 +88,7 @@ def test_the_dev_seed_that_never_reached_shared_in_flight_chunked_now_passes(tmp
 
 
 def test_a_run_that_reached_everything_gets_no_completion(tmp_path):
-    outcome = _run(FakeDictEngine(), tmp_path, "fake", seed=7, max_examples=40)
+    outcome = _run(FakeDictEngine(), tmp_path, "fake", seed=0, max_examples=40)
     assert outcome.verdict == "pass", _notes(outcome)
     history = load(outcome.run_dir / "history.jsonl")
     stream = history.only(history.examples[0])
