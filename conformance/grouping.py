@@ -33,6 +33,7 @@ from attrs import frozen
 
 from conformance.analysis import Analysis
 from conformance.checks import CHECKS
+from conformance.finding_order import order_key
 from conformance.history_facts import batch_evicted, is_cross_identity_attempt, mechanisms
 from conformance.history import BatchRecord, Example, History
 from conformance.oracle import DIVERGE, FINISH, compare
@@ -160,7 +161,43 @@ def _rank(check: str) -> int:
     return ORDER.index(check) if check in ORDER else len(ORDER)
 
 
-def _root(history: History, failures: list[CheckFailure], chosen: Sequence[str]) -> RootCause:
+# The checks that each name one mechanism. When several were in play for a wrong request, the one in play
+# for most of the run's findings is the likeliest root (`mechanism_support`); the others keep `ORDER`.
+MECHANISM_CHECKS = ("spec_independence", "history_independence", "eviction_safety", "schedule_independence")
+
+
+def mechanism_checks(history: History, f: CheckFailure) -> set[str]:
+    """The mechanism checks whose mechanism was in play for the request of failure `f`."""
+    ex = _example(history, f.example)
+    b = _record(ex, f.witness.get("batch")) if ex is not None else None
+    i = f.witness.get("position_in_batch")
+    if b is None or not isinstance(i, int) or not 0 <= i < len(b.results):
+        return set()
+    out = {_SINGLE[m] for m in mechanisms(b, b.results[i])}
+    return out | ({"eviction_safety"} if epoch_evicted(ex, b) else set())
+
+
+def mechanism_support(history: History, roots: Iterable[list[CheckFailure]]) -> dict[str, int]:
+    """For each mechanism check: in how many of the run's roots its mechanism was in play. A bug in one
+    mechanism shows wherever that mechanism ran, so the mechanism common to the wrong requests is the
+    likeliest cause (chunked prefill in every finding, eviction in two: chunking)."""
+    support: dict[str, int] = {}
+    for fs in roots:
+        for c in mechanism_checks(history, fs[0]):
+            support[c] = support.get(c, 0) + 1
+    return support
+
+
+def _headship(check: str, support: Mapping[str, int]) -> tuple:
+    """Sort key among a root's checks: a check with its own specific claim (rollback hygiene, isolation,
+    prefix_only) first, then the mechanism checks by support, then the rest by `ORDER`."""
+    if check in MECHANISM_CHECKS:
+        return (1, -support.get(check, 0), _rank(check))
+    return (0 if _rank(check) < _rank(MECHANISM_CHECKS[0]) else 2, 0, _rank(check))
+
+
+def _root(history: History, failures: list[CheckFailure], chosen: Sequence[str],
+          support: Mapping[str, int] | None = None) -> RootCause:
     reporters = list(dict.fromkeys(f.check for f in failures))
     seen = set(reporters)
     for f in failures:
@@ -169,7 +206,7 @@ def _root(history: History, failures: list[CheckFailure], chosen: Sequence[str])
     w = failures[0].witness
     req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
     line = find_line(timeline(ex), w.get("batch"), req.get("id")) if ex is not None else None
-    ordered = sorted(seen, key=lambda c: (not _eligible(c, failures, line), _rank(c)))
+    ordered = sorted(seen, key=lambda c: (not _eligible(c, failures, line), _headship(c, support or {})))
     check = ordered[0]
     own = [f for f in failures if f.check == check]
     shown = own[0] if own else min(failures, key=lambda f: (not _eligible(f.check, failures, line), _rank(f.check)))
@@ -198,13 +235,16 @@ def _signature(f: RootCause) -> tuple:
 
 
 def group(history: History, analysis: Analysis) -> list[RootCause]:
-    """The run's failures as findings, most severe and most specific first."""
+    """The run's failures as findings, the one that shows the bug most directly first
+    (`conformance.finding_order`: shortest witness, a difference from plain decoding before a pair
+    check's, then severity and specificity)."""
     chosen = [n for n, r in analysis.checks.items() if r.status != "skip"]
     failed = {n for n, r in analysis.checks.items() if r.status == FAIL}
     roots: dict[tuple, list[CheckFailure]] = {}
     for f in analysis.failures:
         roots.setdefault(root_key(f), []).append(f)
-    findings = [_root(history, fs, [c for c in chosen if c in failed or c in {x.check for x in fs}])
+    support = mechanism_support(history, roots.values())
+    findings = [_root(history, fs, [c for c in chosen if c in failed or c in {x.check for x in fs}], support)
                 for fs in roots.values()]
     folded: dict[tuple, RootCause] = {}
     for fd in findings:
@@ -215,5 +255,4 @@ def group(history: History, analysis: Analysis) -> list[RootCause]:
                                   old.failures + fd.failures, old.count + fd.count, old.reasons)
         else:
             folded[sig] = fd
-    severity = {"critical": 0, "high": 1, "medium": 2, "low": 3}
-    return sorted(folded.values(), key=lambda fd: (severity.get(fd.severity, 9), _rank(fd.check), fd.failure.example))
+    return sorted(folded.values(), key=lambda fd: order_key(history, fd.failure, fd.severity, _rank(fd.check)))
