@@ -30,11 +30,16 @@ def _situation(check: str, ln: Mapping[str, Any], story: Mapping[str, Any]) -> s
         return f"after reusing another identity's KV ({other})" if other else "after reusing another identity's KV"
     if check in ("history_independence", "prefix_only"):
         return f"after a prefix-cache hit ({cached} cached tokens)" if cached else "depending on earlier requests"
+    writer = (ln.get("same") or {}).get("request")
     if check == "spec_independence":
+        if not ln.get("draft_proposed") and cached and writer:
+            return f"after a prefix-cache hit on KV that {writer} wrote with speculative decoding"
         return "with speculative decoding"
     if check == "schedule_independence":
         if isinstance(chunks, int) and chunks > 1:
             return f"when the prompt is prefilled in {chunks} chunks"
+        if cached and writer:
+            return f"after a prefix-cache hit on KV that {writer} wrote with chunked prefill"
         return f"in a batch of {size} requests" if size > 1 else "depending on scheduling"
     if check == "eviction_safety":
         return "after blocks were evicted"
