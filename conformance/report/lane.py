@@ -99,6 +99,10 @@ def _lane(ln: Mapping[str, Any], y: float, scale: float, colour: str, divergence
     marks = []
     if ln.get("finish_reason") in ("abort", "refused"):
         marks.append("aborted" if ln["finish_reason"] == "abort" else "refused")
+    if isinstance(ln.get("prefill_chunks"), int) and ln["prefill_chunks"] > 1:
+        marks.append(f"prefilled in {ln['prefill_chunks']} chunks")
+    if ln.get("draft_proposed"):
+        marks.append(f"drafts {ln.get('draft_accepted') or 0}/{ln['draft_proposed']} accepted")
     if ln.get("preempted"):
         marks.append("preempted")
     if ln.get("output") is None:
