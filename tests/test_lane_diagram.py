@@ -16,13 +16,12 @@ import json
 import re
 import subprocess
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
 from conformance.analysis import analyse
-from conformance.contract import Baseline, Identity, Request, Result
-from conformance.report import report_html, report_md, results_json, write_report
+from conformance.contract import Baseline, Request, Result
+from conformance.report import report_md, results_json, write_report
 from conformance.report.lane import lane_svg
 from test_report import PROMPT, history_of, warm_then_other_identity
 from test_report_browser import BROWSER
