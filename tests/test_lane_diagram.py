@@ -155,3 +155,24 @@ def test_the_fold_measurement_can_fail(tmp_path):
                            "--dump-dom", low.resolve().as_uri()], capture_output=True, text=True, timeout=120)
     m = re.search(r'data-measure="([^"]*)"', proc.stdout)
     assert m and json.loads(m.group(1).replace("&quot;", '"'))["finding_top"] > 900
+
+
+def test_a_run_whose_shrinking_was_capped_records_its_shrink_steps_and_stays_re_analysable(tmp_path):
+    """The shrink cap stops an example before it begins; the run's example count leaves it out (it was
+    counted but never recorded, so `kvparity report` refused the history), and the shrink steps are
+    recorded apart from the examples drawn."""
+    from adapters.reference import ReferenceAdapter
+    from conformance.history_chain import verify
+    from conformance.run_config import RunConfig
+    from conformance.runner import run_suite
+
+    out = run_suite(ReferenceAdapter(fault="salt_ignored"),
+                    RunConfig(engine_name="reference", profile="dev", seed=1832811632, report_dir=tmp_path,
+                              database_dir=tmp_path / "db", max_shrink_seconds=0.5))
+    assert out.verdict == "fail" and out.shrink_capped
+    events = [json.loads(line) for line in (out.run_dir / "history.jsonl").read_text().splitlines()]
+    assert verify(events).problems == ()
+    end = events[-1]
+    recorded = sum(ev["event"] == "example" for ev in events)
+    assert end["event"] == "run_end" and end["examples"] == recorded == out.examples
+    assert 0 < end["shrink_steps"] < recorded
