@@ -194,6 +194,7 @@ class ReferenceAdapter:
             adapters=tuple(f"{name}@{digest}" for name in sorted(self.registry.adapters())
                            for digest in sorted(self.registry.known_weights())),
             introspection=self.introspection, baseline_mode=True, tolerance=0.0, refuses=True,
+            oracle="reference baseline (plain greedy decoding, float64, same weights)",
             knobs=KNOB_TABLE, min_hit_prompt=c.block_size + 1, landmarks=shipped_landmarks())
 
     def configure(self, config: Mapping[str, Any]) -> None:

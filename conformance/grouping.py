@@ -33,7 +33,9 @@ from attrs import frozen
 
 from conformance.analysis import Analysis
 from conformance.checks import CHECKS
-from conformance.history_facts import batch_evicted, is_cross_identity_attempt, mechanisms
+from conformance.finding_order import order_key
+from conformance.history_facts import is_cross_identity_attempt, mechanisms
+from conformance.localise import epoch_evicted, mechanism_support, request_mechanisms
 from conformance.history import BatchRecord, Example, History
 from conformance.oracle import DIVERGE, FINISH, compare
 from conformance.timeline import Line, find_line, timeline
@@ -101,11 +103,6 @@ def _record(ex: Example, batch: Any) -> BatchRecord | None:
     return ex.batches[batch] if isinstance(batch, int) and 0 <= batch < len(ex.batches) else None
 
 
-def epoch_evicted(ex: Example, b: BatchRecord) -> bool:
-    """Did a batch of this cache epoch and configuration, up to and including `b`, evict?"""
-    return any(batch_evicted(x) for x in ex.batches[: b.index + 1] if (x.epoch, x.segment) == (b.epoch, b.segment))
-
-
 def cross_identity_reuse(line: Line | None) -> bool | None:
     """Did this request get KV only another identity's earlier traffic can explain — more cached tokens
     than its own identity's traffic shares with it, no more than another identity's does? (More than any
@@ -160,7 +157,32 @@ def _rank(check: str) -> int:
     return ORDER.index(check) if check in ORDER else len(ORDER)
 
 
-def _root(history: History, failures: list[CheckFailure], chosen: Sequence[str]) -> RootCause:
+# The checks that each name one mechanism. When several were in play for a wrong request, the one in play
+# most tied to the run's wrong outputs is the likeliest root (`mechanism_support`); the others keep `ORDER`.
+MECHANISM_CHECKS = ("spec_independence", "history_independence", "eviction_safety", "schedule_independence")
+
+
+def _headship(check: str, support: Mapping[str, float]) -> tuple:
+    """Sort key among a root's checks: a check with its own specific claim (rollback hygiene, isolation,
+    prefix_only) first, then the mechanism checks by support, then the rest by `ORDER`."""
+    if check in MECHANISM_CHECKS:
+        return (1, -support.get(check, 0), _rank(check))
+    return (0 if _rank(check) < _rank(MECHANISM_CHECKS[0]) else 2, 0, _rank(check))
+
+
+def _in_play(history: History, f: CheckFailure, chosen: Sequence[str]) -> set[str]:
+    """The failed mechanism checks whose mechanism was in play for the request of `f`, its KV's writer
+    included (`conformance.localise`)."""
+    ex = _example(history, f.example)
+    b = _record(ex, f.witness.get("batch")) if ex is not None else None
+    i = f.witness.get("position_in_batch")
+    if b is None or not isinstance(i, int) or not 0 <= i < len(b.results):
+        return set()
+    return request_mechanisms(ex, b, b.requests[i], b.results[i]) & set(chosen)
+
+
+def _root(history: History, failures: list[CheckFailure], chosen: Sequence[str],
+          support: Mapping[str, float] | None = None) -> RootCause:
     reporters = list(dict.fromkeys(f.check for f in failures))
     seen = set(reporters)
     for f in failures:
@@ -169,8 +191,12 @@ def _root(history: History, failures: list[CheckFailure], chosen: Sequence[str])
     w = failures[0].witness
     req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
     line = find_line(timeline(ex), w.get("batch"), req.get("id")) if ex is not None else None
-    ordered = sorted(seen, key=lambda c: (not _eligible(c, failures, line), _rank(c)))
+    in_play = _in_play(history, failures[0], chosen) if "parity" in seen else set()
+    ordered = sorted(seen | in_play, key=lambda c: (not _eligible(c, failures, line), _headship(c, support or {})))
     check = ordered[0]
+    if check not in seen:  # named by the run's evidence, not by a record or definition of this request's
+        ordered.remove(check)
+        ordered = [check] + [c for c in ordered if c in seen]
     own = [f for f in failures if f.check == check]
     shown = own[0] if own else min(failures, key=lambda f: (not _eligible(f.check, failures, line), _rank(f.check)))
     title = shown.title if own else "output differs from plain greedy decoding"
@@ -184,7 +210,12 @@ def _root(history: History, failures: list[CheckFailure], chosen: Sequence[str])
         else:
             why = "no reuse across identities was seen"
         reasons.append(f"not listed under isolation: {why}, so another identity's KV did not cause it")
-    if not own:
+    if check not in seen:
+        reasons.append(f"listed under {check}: its mechanism was in play for this request (directly or in the "
+                       f"request that wrote the KV it read) and is the one most tied to this run's wrong outputs "
+                       f"(Ochiai {(support or {}).get(check, 0):.2f}; "
+                       + ", ".join(f"{c} {v:.2f}" for c, v in sorted((support or {}).items()) if c != check) + ")")
+    elif not own:
         reasons.append(f"{check} compares this request by definition; the failure it kept (one per title) is "
                        f"another example's")
     return RootCause(check, title, shown, tuple(ordered), tuple(failures), 1, tuple(reasons))
@@ -198,13 +229,16 @@ def _signature(f: RootCause) -> tuple:
 
 
 def group(history: History, analysis: Analysis) -> list[RootCause]:
-    """The run's failures as findings, most severe and most specific first."""
+    """The run's failures as findings, the one that shows the bug most directly first
+    (`conformance.finding_order`: shortest witness, a difference from plain decoding before a pair
+    check's, then severity and specificity)."""
     chosen = [n for n, r in analysis.checks.items() if r.status != "skip"]
     failed = {n for n, r in analysis.checks.items() if r.status == FAIL}
     roots: dict[tuple, list[CheckFailure]] = {}
     for f in analysis.failures:
         roots.setdefault(root_key(f), []).append(f)
-    findings = [_root(history, fs, [c for c in chosen if c in failed or c in {x.check for x in fs}])
+    support = mechanism_support(history)
+    findings = [_root(history, fs, [c for c in chosen if c in failed or c in {x.check for x in fs}], support)
                 for fs in roots.values()]
     folded: dict[tuple, RootCause] = {}
     for fd in findings:
@@ -215,5 +249,4 @@ def group(history: History, analysis: Analysis) -> list[RootCause]:
                                   old.failures + fd.failures, old.count + fd.count, old.reasons)
         else:
             folded[sig] = fd
-    severity = {"critical": 0, "high": 1, "medium": 2, "low": 3}
-    return sorted(folded.values(), key=lambda fd: (severity.get(fd.severity, 9), _rank(fd.check), fd.failure.example))
+    return sorted(folded.values(), key=lambda fd: order_key(history, fd.failure, fd.severity, _rank(fd.check)))

@@ -17,8 +17,8 @@ Every line is one event, flushed as it is written (fsynced at example boundaries
                                           coverage completion after the stream (only when the stream
                                           left a relevant situation unreached; conformance/completion.py)
     interrupted  {cause}                  the user stopped the run (Ctrl-C)
-    run_end      {examples, duration_s,   the run finished; a history without it is incomplete.
-                  events, sealed}         `events` and `sealed` seal the chain (conformance.history_chain)
+    run_end      {examples, shrink_steps, the run finished (shrink_steps: examples run while shrinking);
+                  duration_s, events, sealed}  `events`, `sealed` seal the chain (conformance.history_chain)
 
 Every line also carries `chain`, a digest linking it to the line before (conformance.history_chain):
 an edited, reordered or cut history is refused by `kvparity report` instead of re-judged.

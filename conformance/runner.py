@@ -41,7 +41,7 @@ from conformance.run_folder import new_run_dir
 from conformance.run_handlers import InMemoryHistory, ReportWriter, RunHandler, fan_out
 from conformance.run_outcome import RunOutcome
 from conformance.scenario_runner import ScenarioRunner
-from conformance.shrink_budget import ShrinkBudget, ShrinkTimeUp
+from conformance.shrink_budget import ShrinkBudget, ShrinkTally, ShrinkTimeUp
 from conformance.scenario import Step
 from conformance.strategies import scenarios
 from conformance.verdicts import CheckFailure
@@ -137,6 +137,7 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
     hunt = Hunt({e["signature"] for e in config.known_findings or ()}, _STREAM_FAILURE, config.keep_looking)
     budget = ShrinkBudget(config.max_shrink_seconds, lambda: bool(first_failing))  # checked before each example
     drawn: Counter[str] = Counter()
+    tally = ShrinkTally()  # examples run while shrinking, and the ones the shrink cap stopped before they began
     try:
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         if config.tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
@@ -148,7 +149,7 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
                       profile=profile, checks=names, calibration=config.calibration, **known_fields)
         oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
         runner = ScenarioRunner(engine, writer, oracle, caps, calls=calls)
-        runner.budget = budget
+        runner.budget = tally.guard(budget)
         overrides = _overrides(config, seed)
         if progress is not None:
             progress.start(config.example_budget)
@@ -160,7 +161,7 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
         # `failures_of` leaves out failures whose signature is known or already shrunk (the run goes
         # on), `ConformanceFailure` raises one exception type per new signature (shrunk on its own).
         failures_of, ConformanceFailure = hunt.failures_of, hunt.failure_for  # noqa: N806
-        runner.on_run = hunt.note_scenario
+        runner.on_run = lambda scenario: (tally.example(hunt.first_new is not None), hunt.note_scenario(scenario))
 
         @settings(base_settings, **overrides)
         @given(scenarios(caps, max_steps=PROFILES[profile]))
@@ -203,14 +204,19 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
                          lambda test: _run_phase(test, writer), writer,
                          settings(base_settings, **overrides), seed)
         if not builder.history.errors:  # each shrunk witness last again (a report keeps the last failure of a check)
+            runner.on_run = lambda scenario: tally.example(True)
             examples = hunt.rerun_witnesses(runner, examples)
         stopping.check()  # stopped before the run ended: INTERRUPTED, not a finished run
         closer(lambda cause: writer.append("error", cause=cause))
-        writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
+        examples -= tally.cut
+        writer.append("run_end", examples=examples, shrink_steps=tally.steps,
+                      duration_s=round(time.monotonic() - started, 3))
     except EngineError as exc:
         writer.append("error", cause=one_line(exc))
         closer(lambda cause: writer.append("error", cause=cause))
-        writer.append("run_end", examples=examples, duration_s=round(time.monotonic() - started, 3))
+        examples -= tally.cut
+        writer.append("run_end", examples=examples, shrink_steps=tally.steps,
+                      duration_s=round(time.monotonic() - started, 3))
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP in a supervised child (conformance.stopping)
         interrupted, stop_code = True, stopping.exit_code(exc)
         stopping.ignore_further()

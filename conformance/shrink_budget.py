@@ -39,3 +39,27 @@ class ShrinkBudget:
         if now - self.since >= self.seconds:
             self.spent = True
             raise ShrinkTimeUp(f"shrinking stopped after {self.seconds:g} s (--max-shrink-seconds)")
+
+
+class ShrinkTally:
+    """What a report must not call "examples": the examples Hypothesis ran while shrinking a failure
+    (`steps`, plus each shrunk witness run once more at the end) — a 12-example dev run is not "313
+    examples" — and the examples the shrink cap stopped before they began (`cut`: counted by the
+    stream's test, never recorded, so the run's example count leaves them out)."""
+
+    def __init__(self) -> None:
+        self.steps = self.cut = 0
+
+    def example(self, shrinking: bool) -> None:
+        """One example begins; `shrinking`: its round already found a failure (Hypothesis is shrinking)."""
+        self.steps += shrinking
+
+    def guard(self, budget: Callable[[], None]) -> Callable[[], None]:
+        """`budget`, counting the examples it stops before they begin."""
+        def check() -> None:
+            try:
+                budget()
+            except ShrinkTimeUp:
+                self.cut += 1
+                raise
+        return check

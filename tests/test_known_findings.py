@@ -126,7 +126,8 @@ def test_known_findings_are_waived_recorded_and_reported_fixed(tmp_path, capsys)
     assert again["findings"] and all(fd["known"] for fd in again["findings"])
     assert again["known"]["seen"] == {entries[0]["signature"]: len(again["findings"])}
     assert "KNOWN [prefix_only]" in capsys.readouterr().out
-    assert "KNOWN: [prefix_only]" in (Path(again["dir"]) / "report.md").read_text()
+    md = (Path(again["dir"]) / "report.md").read_text()  # the heading is the headline; the check below it
+    assert f"1. KNOWN: {again['findings'][0]['headline']}" in md and "check `prefix_only`" in md
     # re-analysis re-judges with the baseline the run recorded: the same verdict
     assert main(["report", again["dir"]]) == 0
 

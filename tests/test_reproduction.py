@@ -71,9 +71,9 @@ def test_a_failing_dev_run_logs_a_bounded_number_of_progress_lines(tmp_path):
     proc = _kvparity(["run", "--engine", "reference", "--engine-arg", "fault=salt_ignored", "--seed", str(FAULT_SEED)],
                      tmp_path)  # shrinking runs to its end (about 100 examples, 10 s) within the default minute
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    examples = int(re.search(r"FAIL: (\d+) examples", proc.stdout).group(1))
+    drawn, shrink = map(int, re.search(r"FAIL: (\d+) examples \(\+(\d+) shrink steps\)", proc.stdout).groups())
     progress = [x for x in proc.stderr.splitlines() if x.startswith("kvparity: ")]
-    assert examples > 30 and len(progress) <= 30, (examples, progress)  # shrinking ran; the log stayed short
+    assert drawn <= 12 and shrink > 30 and len(progress) <= 30, (drawn, shrink, progress)  # shrinking ran; the log stayed short
     assert "\r" not in proc.stderr
 
 

@@ -38,6 +38,7 @@ def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) 
                   f"{replay_command(run_dir / 'witnesses' / (f.case_id + '.json'), engine)}")
         print_fixed(analysis)
         return
+    print(f"first finding: {findings[0].get('headline') or findings[0].get('title')}")
     for fd in findings:
         also = f"; also seen by {', '.join(fd['also_seen_by'])}" if fd.get("also_seen_by") else ""
         times = f"; x{fd['count']}" if fd.get("count", 1) > 1 else ""

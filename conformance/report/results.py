@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from conformance.analysis import Analysis
+from conformance.finding_order import witness_size
 from conformance.grouping import RootCause, group
 from conformance.history import History
 from conformance.history_codec import encode
 from conformance.report.exercised import results_part
+from conformance.report.headline import headline
 from conformance.report.story import decode_texts, story, text_key
 from conformance.run_folder import write_text
 from conformance.signature import signature
@@ -81,6 +83,8 @@ def findings_json(history: History, findings: list[RootCause], witnesses: Mappin
         d["signature"] = sig.to_json()
         d["known"] = known is not None and sig.id in known.seen
         d["story"] = story(history, fd)
+        d["headline"] = headline(d)
+        d["witness_size"] = witness_size(history, fd.failure).to_json()
         d["explanation"] = fd.failure.explanation
         d["record_check"] = fd.failure.check
         d["witness"] = dict(fd.failure.witness)
@@ -109,7 +113,10 @@ def results_json(history: History, analysis: Analysis, witnesses: Mapping[str, P
         duration = carried.get("duration_s")
     findings = findings_json(history, group(history, analysis), witnesses, analysis.known)
     decoded = {**dict(carried.get("decoded") or {}), **decode_texts([f["story"] for f in findings], decode)}
-    return {"run": meta, "examples": len(history.examples), "history_digest": history.digest,
+    shrink_steps = (history.ended or {}).get("shrink_steps")
+    shrink_steps = shrink_steps if isinstance(shrink_steps, int) and 0 <= shrink_steps <= len(history.examples) else None
+    return {"run": meta, "examples": len(history.examples) - (shrink_steps or 0), "shrink_steps": shrink_steps,
+            "examples_recorded": len(history.examples), "history_digest": history.digest,
             "duration_s": None if duration is None else round(float(duration), 2),
             "finished": history.ended is not None, "interrupted": history.interrupted,
             "minimised": dict(carried.get("minimised") or {}), "process": carried.get("process"), **data,

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from conformance.report.exercised import bar_chart, counts_text
 from conformance.report.exercised import blocks as exercised_blocks
 from conformance.report.doc import Block, Bullets, Cell, Figure, Heading, Para, Section, Table, page, to_md
+from conformance.report.lane import lane_file, lane_svg
 from conformance.report.story import blocks as story_blocks
 
 
@@ -32,16 +33,28 @@ def _head(results: Mapping[str, Any]) -> list[Block]:
     n_find = len(results.get("findings", []))
     n_known = sum(bool(fd.get("known")) for fd in results.get("findings", []))
     missing = [s["name"] for s in results.get("situations", []) if s["relevant"] and not s["count"]]
+    shrink = results.get("shrink_steps")
     out.append(Para(f"verdict **{results['verdict'].upper()}** (exit {results['exit_code']}), profile "
-                    f"`{run.get('profile')}`, seed `{run.get('seed')}`, {results['examples']} examples in {duration}, "
+                    f"`{run.get('profile')}`, seed `{run.get('seed')}`, {results['examples']} examples"
+                    + (f" (+{shrink} shrink steps)" if shrink else "") + f" in {duration}, "
                     f"near-ties {results['near_ties']}, findings {n_find}"
                     + (f" ({n_known} known)" if n_known else "")
                     + (f", relevant situations not reached: {', '.join(f'`{m}`' for m in missing)}" if missing else "")))
     args = run.get("engine_args") or {}
     if args:
         out.append(Para("engine arguments: " + ", ".join(f"`{k}={v}`" for k, v in sorted(args.items()))))
-    out.append(Para(f"versions: `{json.dumps(run.get('versions', {}))}`"))
     return out
+
+
+def _run_facts(results: Mapping[str, Any]) -> list[Block]:
+    """Below the findings: what the run was, for whoever reproduces it."""
+    run = results["run"]
+    shrink = results.get("shrink_steps")
+    return [Heading(2, "Run"),
+            Para(f"{results['examples']} examples drawn"
+                 + (f", and {shrink} more run while shrinking failures (not counted as examples)" if shrink else "")
+                 + f"; seed `{run.get('seed')}`, profile `{run.get('profile')}`."),
+            Para(f"versions: `{json.dumps(run.get('versions', {}))}`")]
 
 
 def _checks(results: Mapping[str, Any]) -> list[Block]:
@@ -67,12 +80,18 @@ def _finding(k: int, fd: Mapping[str, Any], texts: Mapping[str, str], records: M
     times = f" (×{fd['count']}: identical findings folded)" if fd.get("count", 1) > 1 else ""
     known = "KNOWN: " if fd.get("known") else ""
     sig = fd.get("signature") or {}
+    size = fd.get("witness_size") or {}
     blocks: list[Block] = [
-        Heading(3, f"{k}. {known}[{fd['check']}] {fd['title']} — `{fd['case_id']}`{times}", anchor=f"finding-{k}"),
-        Para(f"severity **{fd['severity']}**, bug class **{fd['bug_class']}**, example {fd['example']}"
-             + (f"; also seen by {', '.join(f'`{c}`' for c in fd['also_seen_by'])}" if fd["also_seen_by"] else "")),
-        Para(("" if fd.get("record_check", fd["check"]) == fd["check"] else f"`{fd['record_check']}` recorded: ")
-             + fd["explanation"])]
+        Heading(3, f"{k}. {known}{fd.get('headline') or fd['title']}{times}", anchor=f"finding-{k}"),
+        Para(f"check `{fd['check']}` ({fd['title']}), severity **{fd['severity']}**, bug class **{fd['bug_class']}**, "
+             f"example {fd['example']}, `{fd['case_id']}`"
+             + (f"; witness: {size['requests']} request(s) in {size['batches']} batch(es), "
+                f"{size['prompt_tokens']} prompt tokens" if size else "")
+             + (f"; also seen by {', '.join(f'`{c}`' for c in fd['also_seen_by'])}" if fd["also_seen_by"] else ""))]
+    if fd.get("story", {}).get("timeline"):
+        blocks.append(Figure(lane_svg(fd["story"]), f"![Lane diagram of finding {k}]({lane_file(k)})"))
+    blocks.append(Para(("" if fd.get("record_check", fd["check"]) == fd["check"] else f"`{fd['record_check']}` recorded: ")
+                       + fd["explanation"]))
     if sig:
         blocks.append(Para(f"signature `{sig['signature']}`: check `{sig['check']}`, mechanism {sig['mechanism']}"
                            + (" — a known finding (`--known`): recorded, not failing the run" if known else "")))
@@ -91,24 +110,26 @@ def _finding(k: int, fd: Mapping[str, Any], texts: Mapping[str, str], records: M
 
 def report_blocks(results: Mapping[str, Any]) -> list[Block]:
     """The whole report as blocks; report.md and report.html are two renderings of these."""
-    out = _head(results) + _checks(results)
+    out = _head(results)
     if results["errors"]:
         out += [Heading(2, "Engine errors"), Bullets(results["errors"])]
     findings = results.get("findings", [])
     if findings:
         n_fail = sum(len(c["failures"]) for c in results["checks"].values())
-        out += [Heading(2, "Findings"),
-                Para(f"{len(findings)} finding(s) from {n_fail} failure record(s): failures about the same request "
-                     "are one finding, listed under the most specific check that saw it.")]
         texts = results.get("decoded") or {}
         records = {f["case_id"]: f for c in results["checks"].values() for f in c["failures"]}
-        out += [_finding(k, fd, texts, records) for k, fd in enumerate(findings, start=1)]
+        out += [Heading(2, "Findings"),
+                Para(f"{len(findings)} finding(s) from {n_fail} failure record(s), the most direct first: shortest "
+                     "witness, a difference from plain decoding before a difference between two runs.")]
+        out.append(_finding(1, findings[0], texts, records))
+        out += [_finding(k, fd, texts, records) for k, fd in enumerate(findings[1:], start=2)]
+    out += _checks(results)
     out += known_blocks(results)
     out += exercised_blocks(results)
     if results["minimised"]:
         out += [Heading(2, "Minimised witnesses (`--minimise`)"),
                 Bullets([f"`{check}`: {line}" for check, line in results["minimised"].items()])]
-    return out
+    return out + _run_facts(results)
 
 
 def known_blocks(results: Mapping[str, Any]) -> list[Block]:

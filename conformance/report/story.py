@@ -52,12 +52,38 @@ def _divergence(history: History, w: Mapping[str, Any]) -> dict[str, Any] | None
         return None
     base = history.baseline_for(request_from(w["request"]))
     comparison = w.get("comparison") or {}
-    return {"position": w.get("first_divergent_position"), "expected": list(expected), "got": list(w.get("output", [])),
+    got = list(w.get("output", []))
+    return {"position": w.get("first_divergent_position"), "expected": list(expected), "got": got,
             "expected_from": (f"the same request's earlier run, batch {w.get('earlier_batch')}" if pairwise
                               else "plain greedy decoding"),
+            "pairwise": pairwise, "earlier_batch": w.get("earlier_batch"), "batch": w.get("batch"),
+            "baseline": list(base.output) if base is not None else None,
+            "wrong": _wrong_side(base.output if base is not None else None, list(expected), got, pairwise),
             "margin": w.get("baseline_margin"), "margins": list(base.margins) if base is not None else [],
             "kind": comparison.get("kind"), "expected_finish": comparison.get("expected_finish"),
             "got_finish": comparison.get("got_finish"), "tolerance": history.tolerance}
+
+
+def _wrong_side(baseline: Sequence[int] | None, expected: list[int], got: list[int], pairwise: bool) -> str | None:
+    """Which run differs from plain decoding: "got" (the run that failed), "expected" (a pair check's
+    earlier run), "both", or None (no baseline recorded, or only the finish reasons differ). A pair
+    check compares two runs of the engine; plain decoding beside them says which one is wrong."""
+    if baseline is None:
+        return None
+    base = list(baseline)
+    got_off, exp_off = got != base, pairwise and expected != base
+    return "both" if got_off and exp_off else "got" if got_off else "expected" if exp_off else None
+
+
+def _plain(history: History, line: Any, req: Mapping[str, Any]) -> dict[str, Any] | None:
+    """For a finding with no divergence (a leak of KV, a wrong count): the request's output beside plain
+    decoding, so the reader sees whether the tokens were right."""
+    if line is None or line.output is None or not req:
+        return None
+    base = history.baseline_for(request_from(req))
+    if base is None:
+        return None
+    return {"baseline": list(base.output), "output": list(line.output), "equal": list(base.output) == list(line.output)}
 
 
 def _mechanisms(history: History, ex: Example, batch: Any, request: Any) -> list[str]:
@@ -100,6 +126,7 @@ def story(history: History, finding: RootCause) -> dict[str, Any]:
     divergence = next((d for d in (_divergence(history, x.witness) for x in (f, *finding.failures)) if d), None)
     return {"example": f.example, "focus": {"batch": w.get("batch"), "request": req.get("id")},
             "timeline": [s.to_json() for s in steps], "divergence": divergence,
+            "plain": None if divergence is not None else _plain(history, line, req),
             "reused": reused, "mechanisms": _mechanisms(history, ex, w.get("batch"), req.get("id")) if ex else []}
 
 
@@ -249,14 +276,21 @@ def divergence_blocks(d: Mapping[str, Any], texts: Mapping[str, str], request: s
         return cells
 
     have_text = any(text_key([t]) in texts for t in exp[lo:hi] + got[lo:hi])
-    rows = [["expected", *row(exp, False)]]
+    pair, base = bool(d.get("pairwise")), d.get("baseline")
+    first = f"earlier run (batch {d.get('earlier_batch')})" if pair else "expected"
+    rows = []
+    if pair and base is not None:
+        rows.append(["plain decoding", *[Cell(str(base[i]) if i < len(base) else "<end>") for i in cols]])
+    rows.append([first, *row(exp, False)])
     if have_text:
-        rows.append(["expected text", *row(exp, True)])
-    rows.append(["got", *row(got, False)])
+        rows.append([first + " text", *row(exp, True)])
+    rows.append([f"got (batch {d.get('batch')})" if pair else "got", *row(got, False)])
     if have_text:
         rows.append(["got text", *row(got, True)])
     rows.append(["baseline margin", *[f"{margins[i]:.3g}" if i < len(margins) else "" for i in cols]])
     out.append(Table(["position", *[str(i) for i in cols]], rows, cls="align"))
+    if pair:
+        out.append(Para(_which_side(d)))
     common, e_rest, g_rest = _text(texts, exp[:p]), _text(texts, exp[p:]), _text(texts, got[p:])
     if e_rest is not None and g_rest is not None:
         out.append(Para(f"Decoded: common output {show(common or '')}, then expected {show(e_rest)} "
@@ -265,6 +299,19 @@ def divergence_blocks(d: Mapping[str, Any], texts: Mapping[str, str], request: s
         out.append(Para("Decoded text not recorded: the adapter has no `decode` hook (docs/adapters.md), "
                         "so only token ids are shown."))
     return out
+
+
+def _which_side(d: Mapping[str, Any]) -> str:
+    """A pair check's two runs beside plain decoding, in one sentence: which of them is wrong."""
+    earlier, later = f"the earlier run (batch {d.get('earlier_batch')})", f"the later run (batch {d.get('batch')})"
+    wrong = d.get("wrong")
+    if d.get("baseline") is None:
+        return "Plain decoding of this request was not recorded, so which run is wrong cannot be said."
+    return ("**Which run is wrong**: " + {
+        "got": f"{earlier} matches plain decoding; {later} differs from it.",
+        "expected": f"{later} matches plain decoding; {earlier} differs from it.",
+        "both": f"both runs differ from plain decoding ({earlier} and {later}).",
+    }.get(str(wrong), "both runs give plain decoding's tokens; they differ in finish reason only."))
 
 
 def reuse_blocks(r: Mapping[str, Any], request: str | None, listed_under: str) -> list[Block]:
@@ -312,6 +359,12 @@ def blocks(s: Mapping[str, Any], texts: Mapping[str, str], listed_under: str,
         out.append(Para("In play for this request: " + "; ".join(s["mechanisms"]) + "."))
     if s.get("divergence"):
         out += divergence_blocks(s["divergence"], texts, focus)
+    if s.get("plain"):
+        p = s["plain"]
+        out.append(Table(["", "output"], [["plain decoding", _tokens(p["baseline"], 24)], ["got", _tokens(p["output"], 24)]]))
+        out.append(Para(f"Request {focus}'s output " + ("equals plain decoding: the tokens are right; what is wrong is "
+                                                         "shown above, not in the output." if p["equal"] else
+                                                         "differs from plain decoding.")))
     if s.get("reused"):
         out += reuse_blocks(s["reused"], focus, listed_under)
     focus_line = next((ln for st in s.get("timeline", ()) for ln in st.get("requests", ())

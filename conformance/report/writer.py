@@ -12,6 +12,7 @@ from conformance.analysis import Analysis
 from conformance.history import History
 from conformance.report.doc import page, to_md
 from conformance.report.junit import junit_xml
+from conformance.report.lane import lane_file, lane_svg
 from conformance.report.results import CARRIED, results_json, witness_path, write_witnesses
 from conformance.report.sections import report_blocks
 from conformance.run_folder import write_text
@@ -52,4 +53,7 @@ def write_report(run_dir: Path, history: History, analysis: Analysis, duration_s
     write_text(run_dir, subfolder + "report.md", to_md(blocks))
     write_text(run_dir, subfolder + "report.html", page(f"kvparity: {results['run'].get('engine')}", blocks))
     write_text(run_dir, subfolder + "junit.xml", junit_xml(results))
+    for k, fd in enumerate(results.get("findings", []), start=1):
+        if fd.get("story", {}).get("timeline"):
+            write_text(run_dir, subfolder + lane_file(k), lane_svg(fd["story"]))
     return results

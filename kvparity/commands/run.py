@@ -133,7 +133,10 @@ def finish(args: argparse.Namespace, outcome: Any, engine: Any) -> int:
               f"failure found by then (a larger cap, or --minimise, may shrink it further)")
     print(table(Counter(outcome.step_kinds)))
     print(seed_line(args, outcome.seed))
-    print(f"{word}: {outcome.examples} examples, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
+    shrink = (outcome.history.ended or {}).get("shrink_steps") if outcome.history is not None else None
+    shrunk = f" (+{shrink} shrink steps)" if isinstance(shrink, int) and 0 < shrink <= outcome.examples else ""
+    drawn = outcome.examples - (shrink if shrunk else 0)
+    print(f"{word}: {drawn} examples{shrunk}, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
     status.tell(verdict=code)
     if outcome.interrupted and not outcome.closed and not outcome.abandoned:  # closed after its report
         closed = close_engine(engine, args.timeout)
