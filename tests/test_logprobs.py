@@ -154,3 +154,46 @@ def test_in_place_kv_mutation_is_caught_by_logprobs_while_the_tokens_stay_equal(
     assert math.isfinite(w["logprob_deviation"]) and w["output"] == w["expected_output"]
     tokens, _ = replay(ReferenceAdapter(fault="shared_kv_mutated_in_place"), caps, steps, "parity")
     assert tokens.status == "pass"  # the token check alone is blind to it here
+
+
+# ---------------------------------------------------------------- calibration, export, the zoo's options
+
+
+def test_calibrate_measures_logprob_epsilon_that_run_reads(tmp_path):
+    from kvparity.commands import calibrate
+
+    out = tmp_path / "cal.json"
+    assert calibrate.main(["--engine", "reference", "--out", str(out), "--prompts", "4", "--max-tokens", "3",
+                           "--batch-sizes", "2"]) == 0
+    cal = load_calibration(out)
+    section = json.loads(out.read_text())["logprobs"]
+    assert set(section["sources"]) == {"oracle", "batch", "config"} and section["sources"]["config"]["n"] > 0
+    assert cal.logprob_epsilon == pytest.approx(sum(s["max"] for s in section["sources"].values()))
+    data = json.loads(out.read_text())
+    del data["logprobs"]  # a file written before logprobs were measured
+    out.write_text(json.dumps(data))
+    assert load_calibration(out).logprob_epsilon is None
+
+
+def test_a_logprob_witness_is_not_exported_to_a_checker_that_cannot_see_it(tmp_path):
+    from conformance.contract import UsageError
+    from kvparity.commands import export
+
+    witness = CALIBRATION.parent.parent / "fault-zoo" / "witnesses" / "shared_kv_mutated_in_place.json"
+    with pytest.raises(UsageError, match="cannot be exported"):
+        export.export(witness, tmp_path / "x.py")
+
+
+def test_fault_zoo_refuses_a_bad_calibration_or_check_before_running(tmp_path):
+    from conformance.contract import UsageError
+    from kvparity.commands.fault_zoo import parse_args
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    out = str(tmp_path / "z.md")
+    with pytest.raises(UsageError, match="calibration"):
+        parse_args(["--calibration", str(bad), "--out", out])
+    with pytest.raises(UsageError, match="unknown check"):
+        parse_args(["--checks", "parity,logprob_parit", "--out", out])
+    args = parse_args(["--checks", "parity,logprob_parity", "--calibration", str(CALIBRATION), "--out", out])
+    assert args.check_names == ["parity", "logprob_parity"]
