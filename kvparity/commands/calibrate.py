@@ -29,7 +29,8 @@ the oracle, which `kvparity run --calibration` tests each feature's near-tie rat
 Logprobs (where the runs report them): at the same steps, |logprob(run) - logprob(reference)| of every
 token of the run's top-k the reference's top-k holds, for the same two sources; logprob_parity's epsilon
 is max(oracle) + max(batch) + max(config) (sample maxima: that check fails on a whole run's largest
-deviation), in the file's `logprobs` section, which `kvparity run --calibration` reads. The `config`
+deviation), in the file's `logprobs` section, which `kvparity run --calibration` reads. Where logprobs are measured, the
+requests take the engine's revisions and adapters in turn (each set of weights rounds differently). The `config`
 source, for engines measured through run(): every non-default value of every knob, each batch run cold
 and then warm, against plain decoding alone (the shapes a run's features decode in).
 
@@ -219,7 +220,7 @@ def identities(caps: Capabilities) -> list[Identity]:
     """The weights a run may decode under, taken in turn by the requests: every revision, and each
     adapter the engine declares, under its first binding ("name@digest") only (two bindings of one name
     in a batch are an in-place reload, not noise). Other weights have other logit magnitudes, so other
-    rounding; an engine with one set of weights gets the default identity only (as before)."""
+    rounding."""
     out = [Identity(revision=r) for r in caps.revisions or ("a",)]
     seen: set[str] = set()
     for binding in caps.adapters:
@@ -237,7 +238,9 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
     plain, how = plain_runner(engine, caps)
     rng = random.Random(args.seed)
     top = max(2, min(64, max_prompt_len(caps)))
-    idents = identities(caps)
+    # every set of weights where logprobs are measured (their epsilon must hold for each); elsewhere the
+    # default identity, as calibrations of those engines always were
+    idents = identities(caps) if caps.logprobs_k > 0 else [Identity()]
     requests = [Request(f"cal{i}", seeded_tokens(caps, rng.randint(2, top), args.seed * 100003 + i), args.max_tokens,
                         identity=idents[i % len(idents)])
                 for i in range(args.prompts)]
