@@ -49,6 +49,7 @@ from reference_engine.engine import Request as EngineRequest
 from reference_engine.errors import (ContextOverflowError, PoolExhaustedError, ReferenceEngineError,
                                      UnknownAdapterError)
 from reference_engine.faults import build_engine, fault_names
+from reference_engine.logprobs import LOGPROBS_K
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.sequence import Identity as EngineIdentity
 from reference_engine.weights import Weights
@@ -189,7 +190,7 @@ class ReferenceAdapter:
             speculation=bool(drafters - {"none"}), reports_drafts=True,
             chunked_prefill=any(ch is not None for ch in chunks) or min(budgets) < longest,
             evicts=c.enable_prefix_cache,
-            top2_logits=False, identities=frozenset({"salt", "adapter", "revision"}),
+            top2_logits=False, logprobs_k=LOGPROBS_K, identities=frozenset({"salt", "adapter", "revision"}),
             revisions=self.registry.revisions(),
             adapters=tuple(f"{name}@{digest}" for name in sorted(self.registry.adapters())
                            for digest in sorted(self.registry.known_weights())),
@@ -217,7 +218,7 @@ class ReferenceAdapter:
             g = greedy(run.model, request.prompt, request.max_tokens, request.stop_ids, run=run)
         except ReferenceEngineError as e:
             raise UsageError(f"request {request.id}: {e}") from e
-        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up, g.contenders)
+        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up, g.contenders, g.logprobs)
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         """One batch. A request past the engine's limits (the model's context, or more blocks than the
@@ -277,4 +278,4 @@ class ReferenceAdapter:
         return Result(rep.request_id, rep.output, rep.finish_reason, cached_tokens=rep.cached_tokens,
                       draft_proposed=rep.draft_proposed, draft_accepted=rep.draft_accepted,
                       timings=timings, evictions=rep.evictions, prefill_chunks=rep.prefill_chunks,
-                      preempted=rep.preemptions > 0, extra=extra)
+                      preempted=rep.preemptions > 0, extra=extra, logprobs=rep.logprobs)

@@ -71,4 +71,4 @@ class ReferenceOracle:
         model = self._model(request.identity.revision, request.identity.adapter)
         g = greedy(model, request.prompt if prompt is None else prompt, request.max_tokens,
                    request.stop_ids, self.eos_id)
-        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up, g.contenders)
+        return Baseline(g.output, g.finish_reason, g.margins, g.runner_up, g.contenders, g.logprobs)

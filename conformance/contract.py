@@ -69,6 +69,21 @@ FINISH_REASONS = ("eos", "stop", "length", "abort", "refused")
 KNOB_ROLES = ("speculation", "cache", "schedule")
 
 
+def _contenders(values: Sequence[Sequence[Sequence[float]]]) -> tuple[tuple[tuple[int, float], ...], ...]:
+    return tuple(tuple((int(t), float(g)) for t, g in step) for step in values)
+
+
+def _logprobs(values: Sequence[Sequence[Sequence[float]]] | None) -> tuple[tuple[tuple[int, float], ...], ...] | None:
+    """Per position (token id, logprob) pairs, kept as given (validation judges them, not the converter:
+    a malformed answer must reach the boundary as it was, to be named there)."""
+    if values is None:
+        return None
+    try:
+        return tuple(tuple((t, g) for t, g in step) for step in values)
+    except (TypeError, ValueError):
+        return values  # type: ignore[return-value]  # validation.result names what is wrong
+
+
 @frozen
 class Result:
     """What an engine said about one request. `None` means "the engine does not report this".
@@ -92,10 +107,11 @@ class Result:
     prefill_chunks: int | None = None  # pieces the uncached prompt was prefilled in; > 1 means chunked
     preempted: bool | None = None  # the request was preempted and resumed
     extra: Mapping[str, Any] = field(factory=dict)
+    # Per output position: the engine's top-k (token id, log-probability) pairs, best first, plus the
+    # token it chose where that is not among them (`Capabilities.logprobs_k`; logprob_parity reads it).
+    logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = field(default=None, converter=_logprobs)
 
 
-def _contenders(values: Sequence[Sequence[Sequence[float]]]) -> tuple[tuple[tuple[int, float], ...], ...]:
-    return tuple(tuple((int(t), float(g)) for t, g in step) for step in values)
 
 
 @frozen
@@ -113,6 +129,9 @@ class Baseline:
     margins: tuple[float, ...] = field(converter=lambda xs: tuple(float(x) for x in xs))
     runner_up: tuple[int, ...] = field(default=(), converter=_tuple_of_ints)
     contenders: tuple[tuple[tuple[int, float], ...], ...] = field(default=(), converter=_contenders)
+    # Optional: per step, the top-k (token, log-softmax) of plain decoding in the oracle's precision, best
+    # first (() where the producer has none): what logprob_parity compares an engine's logprobs with.
+    logprobs: tuple[tuple[tuple[int, float], ...], ...] = field(default=(), converter=_contenders)
 
 
 def _token_tuples(values: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
@@ -255,6 +274,8 @@ class Capabilities:
     chunked_prefill: bool = False
     evicts: bool = False
     top2_logits: bool = False
+    # k of the per-position top-k logprobs each Result carries (0: the engine reports none).
+    logprobs_k: int = 0
     identities: frozenset[str] = field(default=frozenset(), converter=frozenset)  # {"salt","adapter","revision"}
     revisions: tuple[str, ...] = ("a",)
     adapters: tuple[str, ...] = ()
@@ -279,6 +300,9 @@ class Capabilities:
     # Which oracle judges this run, in words ("reference (float64)", "self (generate, bfloat16)"); the
     # report names it, since a self-judged pass says less than a reference-judged one.
     oracle: str = ""
+    # The largest |logprob(engine) - logprob(oracle)| logprob_parity accepts: a calibration's measured
+    # epsilon (`kvparity run --calibration`), never declared by an adapter; None: the check is not run.
+    logprob_epsilon: float | None = None
 
     def __init__(self, *args: Any, config_space: Mapping[str, Sequence[Any]] | None = None,
                  knob_roles: Mapping[str, str] | None = None,

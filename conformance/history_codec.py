@@ -71,12 +71,14 @@ def result_from(d: Mapping[str, Any]) -> Result:
                   draft_accepted=d.get("draft_accepted"),
                   top2=None if top2 is None else tuple(tuple(t) for t in top2),
                   timings=dict(d.get("timings") or {}), evictions=d.get("evictions", extra.get("evictions")),
-                  prefill_chunks=chunks, preempted=d.get("preempted", extra.get("preempted")), extra=extra)
+                  prefill_chunks=chunks, preempted=d.get("preempted", extra.get("preempted")), extra=extra,
+                  logprobs=d.get("logprobs"))  # absent in histories written before logprobs existed
 
 
 def baseline_from(d: Mapping[str, Any]) -> Baseline:
     return Baseline(output=d["output"], finish_reason=d["finish_reason"], margins=d.get("margins", ()),
-                    runner_up=d.get("runner_up", ()), contenders=d.get("contenders", ()))
+                    runner_up=d.get("runner_up", ()), contenders=d.get("contenders", ()),
+                    logprobs=d.get("logprobs", ()))
 
 
 def capabilities_from(d: Mapping[str, Any]) -> Capabilities:

@@ -128,6 +128,7 @@ class Calibration:
     plain_flips: int  # plain-mode outputs (alone and in batches) that diverged from the oracle
     plain_steps: int  # decoding steps compared to find them (up to and including each divergence)
     data: Mapping[str, Any]
+    logprob_epsilon: float | None = None  # measured logprob deviation bound; None: not measured
 
     @property
     def plain_rate(self) -> float:
@@ -149,6 +150,17 @@ class Calibration:
         return (above + 1) / (n + 1)
 
 
+def _epsilon(data: Mapping[str, Any]) -> float | None:
+    """The logprob epsilon of a calibration file (files written before logprobs were measured: None)."""
+    section = data.get("logprobs")
+    if section is None or section.get("epsilon") is None:
+        return None
+    eps = float(section["epsilon"])
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"logprobs.epsilon {eps!r} is not a finite number >= 0")
+    return eps
+
+
 def load_calibration(path: str | Path) -> Calibration:
     """A file `kvparity calibrate` wrote; anything else is a one-line UsageError."""
     try:
@@ -159,7 +171,7 @@ def load_calibration(path: str | Path) -> Calibration:
         tau = float(data["tau"])
         plain = data["plain_near_ties"]
         cal = Calibration(str(path), str(data["engine"]), dict(data.get("engine_args") or {}), tau,
-                          int(plain["flips"]), int(plain["steps"]), data)
+                          int(plain["flips"]), int(plain["steps"]), data, _epsilon(data))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"--calibration {path}: not a kvparity calibration file ({exc})") from None
     if not math.isfinite(cal.tau) or cal.tau < 0:

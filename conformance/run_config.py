@@ -71,7 +71,8 @@ class RunConfig:
     `known_findings` (`--known`): failures with those signatures are reported as known and the run looks
     on (`keep_looking`; False: the first round only). `max_shrink_seconds`: stop shrinking that long after
     the first failure (None: Hypothesis' own cap). `tolerance`, `calibration`: a `kvparity calibrate`
-    file's measured tau and its path."""
+    file's measured tau and its path; `logprob_epsilon`: its measured logprob epsilon (None: the file
+    measured none, or no file: logprob_parity is not run)."""
 
     engine_name: str
     engine_args: Mapping[str, str] = attrs.field(factory=dict, converter=lambda a: dict(a or {}))
@@ -87,6 +88,7 @@ class RunConfig:
     max_shrink_seconds: float | None = None
     tolerance: float | None = None
     calibration: str | None = None
+    logprob_epsilon: float | None = None
     close: bool = False
     known_findings: tuple[dict[str, str], ...] | None = attrs.field(default=None, converter=_known)
     strict_known: bool = False

@@ -142,6 +142,8 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
         caps = validation.capabilities(calls(engine.capabilities, "capabilities"))
         if config.tolerance is not None:  # `--calibration`: the measured tau replaces the declared one
             caps = attrs.evolve(caps, tolerance=config.tolerance)
+        if config.logprob_epsilon is not None:  # ... and its measured logprob epsilon (logprob_parity)
+            caps = attrs.evolve(caps, logprob_epsilon=config.logprob_epsilon)
         known_fields = {} if config.known_findings is None else {
             "known": [dict(e) for e in config.known_findings], "strict_known": config.strict_known}
         writer.append("run_start", engine=config.engine_name, engine_args=dict(config.engine_args),

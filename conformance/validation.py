@@ -66,6 +66,10 @@ def capabilities(caps: Any) -> Capabilities:
         raise EngineError(f"capabilities().eos_id is {caps.eos_id!r}, not a token id")
     if not _is_finite(caps.tolerance) or caps.tolerance < 0:
         raise EngineError(f"capabilities().tolerance is {caps.tolerance!r}, not a finite number >= 0")
+    if not _is_int(caps.logprobs_k) or caps.logprobs_k < 0:
+        raise EngineError(f"capabilities().logprobs_k is {caps.logprobs_k!r}, not a count (an integer >= 0)")
+    if caps.logprob_epsilon is not None and (not _is_finite(caps.logprob_epsilon) or caps.logprob_epsilon < 0):
+        raise EngineError(f"capabilities().logprob_epsilon is {caps.logprob_epsilon!r}, not a finite number >= 0")
     if not isinstance(caps.oracle, str):
         raise EngineError(f"capabilities().oracle is {caps.oracle!r}, not a string")
     json_safe(dict(caps.config_space), "capabilities().config_space")
@@ -117,6 +121,8 @@ def result(q: Request, r: Any, caps: Capabilities) -> None:
             if (not isinstance(entry, (tuple, list)) or len(entry) != 4 or not _is_int(entry[0]) or not _is_int(entry[2])
                     or not _is_finite(entry[1]) or not _is_finite(entry[3])):
                 raise EngineError(f"{where}: top2[{i}] = {entry!r} is not (id, finite logit, id, finite logit)")
+    if r.logprobs is not None:
+        logprobs(r.logprobs, r.output, caps, where)
     if not isinstance(r.timings, Mapping):
         raise EngineError(f"{where}: timings is a {type(r.timings).__name__}, not a mapping")
     for key, value in r.timings.items():
@@ -125,6 +131,31 @@ def result(q: Request, r: Any, caps: Capabilities) -> None:
     if not isinstance(r.extra, Mapping):
         raise EngineError(f"{where}: extra is a {type(r.extra).__name__}, not a mapping")
     json_safe(dict(r.extra), f"{where}: extra")
+
+
+def logprobs(lps: Any, output: Sequence[int], caps: Capabilities, where: str) -> None:
+    """A result's per-position top-k: one entry per output token, each at most k pairs (k + 1 where the
+    chosen token lies outside the top-k) of (token id, finite logprob <= 0), sorted best first, distinct
+    tokens, the chosen token among them. An engine that declares no k reports none."""
+    if caps.logprobs_k < 1:
+        raise EngineError(f"{where}: logprobs reported, but capabilities().logprobs_k is {caps.logprobs_k}")
+    if not isinstance(lps, (tuple, list)) or len(lps) != len(output):
+        raise EngineError(f"{where}: logprobs must hold one entry per output token ({len(output)})")
+    for i, (step, chosen) in enumerate(zip(lps, output)):
+        at = f"{where}: logprobs[{i}]"
+        if not isinstance(step, (tuple, list)) or not 1 <= len(step) <= caps.logprobs_k + 1:
+            raise EngineError(f"{at} is not 1 to k + 1 = {caps.logprobs_k + 1} (token, logprob) pairs")
+        for pair in step:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not _is_int(pair[0]) or not _is_finite(pair[1]):
+                raise EngineError(f"{at} holds {pair!r}, not (token id, finite logprob)")
+            if not 0 <= pair[0] < caps.vocab_size or pair[1] > 0:
+                raise EngineError(f"{at} holds {pair!r}: a token outside the vocabulary or a logprob above 0")
+        values = [g for _, g in step]
+        if any(a < b for a, b in zip(values, values[1:])):
+            raise EngineError(f"{at} is not sorted best first: {values}")
+        tokens = [t for t, _ in step]
+        if len(set(tokens)) != len(tokens) or chosen not in tokens:
+            raise EngineError(f"{at}: tokens {tokens} repeat or lack the chosen token {chosen}")
 
 
 def baseline(q: Request, b: Any, caps: Capabilities) -> Baseline:
@@ -145,6 +176,12 @@ def baseline(q: Request, b: Any, caps: Capabilities) -> Baseline:
         _tokens([t for t, _ in step], caps.vocab_size, f"{where}: contenders[{i}]")
         if any(not math.isfinite(g) or g < 0 for _, g in step):
             raise EngineError(f"{where}: contenders[{i}] has a gap that is not a finite number >= 0")
+    if len(b.logprobs) > len(b.output):
+        raise EngineError(f"{where}: logprobs for {len(b.logprobs)} steps, output has {len(b.output)}")
+    for i, step in enumerate(b.logprobs):
+        _tokens([t for t, _ in step], caps.vocab_size, f"{where}: logprobs[{i}]")
+        if any(not math.isfinite(g) or g > 0 for _, g in step):
+            raise EngineError(f"{where}: logprobs[{i}] has a logprob that is not a finite number <= 0")
     return b
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from conformance.arguments import DEFAULT_TIMEOUT_S
 from conformance.contract import EngineError, UsageError
 from conformance.exit_codes import ExitCode
@@ -49,6 +51,21 @@ def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, A
     return engine, args, check, steps
 
 
+def witness_epsilon(path: str | Path) -> float | None:
+    """The logprob epsilon a witness was found under (`logprob_epsilon`, written with a logprob_parity
+    witness), or None. A value that is not a finite number >= 0 is a UsageError."""
+    import math
+
+    from conformance.untrusted import read_json
+
+    eps = read_json(path, "witness").get("logprob_epsilon")
+    if eps is None:
+        return None
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise UsageError(f"{path}: logprob_epsilon {eps!r} is not a finite number >= 0")
+    return float(eps)
+
+
 def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
                 timeout_s: float = DEFAULT_TIMEOUT_S, engine: str | None = None,
                 session: Session | None = None) -> tuple[str, int, str]:
@@ -70,6 +87,9 @@ def replay_case(path: str | Path, engine_args: dict[str, str] | None = None,
     calls = EngineCalls(timeout_s)
     try:
         caps = validation.capabilities(calls(instance.capabilities, "capabilities"))
+        eps = witness_epsilon(path)
+        if eps is not None:  # a logprob_parity witness is judged by the epsilon it was found under
+            caps = attrs.evolve(caps, logprob_epsilon=eps)
         check_configs([s.config for s in steps if isinstance(s, Configure)], caps.config_space, str(path))
         result, crashed = replay(instance, caps, steps, "parity" if check == "error" else check, calls=calls)
     except EngineError as exc:  # capabilities() itself failed

@@ -15,6 +15,7 @@ import attrs
 import torch
 
 from reference_engine.errors import validate_prompt
+from reference_engine.logprobs import top_logprobs
 from reference_engine.model import DenseKV, Llama
 
 
@@ -25,6 +26,7 @@ class Greedy:
     margins: tuple[float, ...]
     runner_up: tuple[int, ...]
     contenders: tuple[tuple[tuple[int, float], ...], ...] = ()
+    logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # per step, top-k (token, log-softmax)
 
 
 CONTENDER_WINDOW = 1.0  # logits: far above any tau worth declaring
@@ -61,10 +63,11 @@ class GreedyRun:
     def __init__(self, model: Llama, prompt) -> None:
         self.model, self.prompt = model, tuple(int(t) for t in prompt)
         self.kv = DenseKV(model.config, dtype=model.dtype)
-        self.steps: list[tuple[int, float, int, tuple]] = []  # (token, margin, runner-up, contenders)
+        # (token, margin, runner-up, contenders, top-k logprobs)
+        self.steps: list[tuple[int, float, int, tuple, tuple]] = []
 
     @torch.no_grad()
-    def step(self, i: int) -> tuple[int, float, int, tuple]:
+    def step(self, i: int) -> tuple[int, float, int, tuple, tuple]:
         """Step i (0-based) of the run; the caller has checked it fits the context."""
         while len(self.steps) <= i:
             if not self.steps:  # only the prompt's last row is sampled
@@ -74,7 +77,7 @@ class GreedyRun:
                 pos = len(self.prompt) + len(self.steps) - 1
                 logits = self.model(torch.tensor([self.steps[-1][0]]), torch.tensor([pos]), self.kv)[-1]
             t1, v1, t2, v2, near = ranked(logits)
-            self.steps.append((t1, v1 - v2, t2, near))
+            self.steps.append((t1, v1 - v2, t2, near, top_logprobs(logits.double())))
         return self.steps[i]
 
 
@@ -104,14 +107,15 @@ def greedy(model: Llama, prompt, max_tokens: int, stop_ids=(), eos_id: int | Non
     validate_prompt(prompt, max_tokens, c.vocab_size, c.max_position_embeddings)
     eos = c.eos_token_id if eos_id is None else eos_id
     run = run or GreedyRun(model, prompt)
-    output, margins, runner_up, close = [], [], [], []
+    output, margins, runner_up, close, logprobs = [], [], [], [], []
     stop = frozenset(int(s) for s in stop_ids)
     while True:
-        t1, margin, t2, near = run.step(len(output))
+        t1, margin, t2, near, lps = run.step(len(output))
         output.append(t1)
         margins.append(margin)
         runner_up.append(t2)
         close.append(near)
+        logprobs.append(lps)
         reason = finish_reason(t1, len(output), max_tokens, stop, eos)
         if reason:
-            return Greedy(tuple(output), reason, tuple(margins), tuple(runner_up), tuple(close))
+            return Greedy(tuple(output), reason, tuple(margins), tuple(runner_up), tuple(close), tuple(logprobs))

@@ -40,6 +40,7 @@ from reference_engine.baseline import finish_reason
 from reference_engine.block_pool import BlockPool, PagedKV, Segment
 from reference_engine.config import EngineConfig
 from reference_engine.drafters import make_drafter
+from reference_engine.logprobs import LOGPROBS_K, top_logprobs
 from reference_engine.errors import BadRequestError, PoolExhaustedError, validate_prompt
 from reference_engine.model_registry import ModelRegistry
 from reference_engine.prefix_cache import PrefixCache
@@ -232,6 +233,7 @@ class Engine:
             offset = 0
             for i, first, end in sampled:
                 out[i] = preds[offset:offset + end - first]
+                plan[i].rows = list(logits[offset:offset + end - first])
                 offset += end - first
         return out
 
@@ -248,6 +250,7 @@ class Engine:
         accepted = self.accepted_prefix(work.drafts, preds)
         new = self.truncate_at_finish(seq, self.commit_tokens(work.drafts, preds, accepted))
         self._draft_stats(seq, work.drafts, min(accepted, len(new)))
+        self._logprobs(seq, work, new)
         seq.tokens.extend(new)
         now = time.perf_counter()
         if seq.t_first is None:
@@ -258,6 +261,18 @@ class Engine:
         if seq.finish_reason is not None:
             return self._finish(seq, seq.finish_reason)
         return None
+
+    @staticmethod
+    def _logprobs(seq: Sequence, work: Work, new: list[int]) -> None:
+        """Committed token j was chosen from row j's logits (after the last fed token, then after each
+        accepted draft). A token with no row (a fault's forward that sampled none) ends the reporting for
+        the request: a shifted list would pair positions with the wrong distributions."""
+        if seq.logprobs is None:
+            return
+        if len(work.rows) < len(new):
+            seq.logprobs = None
+            return
+        seq.logprobs.extend(top_logprobs(row, LOGPROBS_K, token) for row, token in zip(work.rows, new))
 
     # -- speculation decisions (one method each) ----------------------------------------------------
     def accepted_prefix(self, drafts: list[int], preds: list[int]) -> int:

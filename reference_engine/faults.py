@@ -498,6 +498,29 @@ class ScheduledBlocksCached(Scheduler):
                 self.pool.register(bid, parent, tokens, fields)
 
 
+# --------------------------------------------------------------------------- B: the shared KV itself
+
+
+KV_DRIFT = 1e-4  # relative change per reuse: far above float64 noise, too small to flip most argmaxes
+
+
+@fault("shared_kv_mutated_in_place", "B", "match",
+       "a request that reuses cached prefix blocks writes into them in place: their values drift by a "
+       "factor 1 + 1e-4 at every reuse, so every later reader attends to slightly wrong KV",
+       "a hand-written transformers prefix cache handing its stored DynamicCache to `generate`, which "
+       "extends and updates the very object in place instead of a copy (transformers' cached-vs-recompute "
+       "assertion, PR 48289, exists for this); on a confident model the tokens rarely change, only the "
+       "log-probabilities do (issue 29)",
+       ("logprob_parity", "parity", "history_independence"))
+class SharedKvMutatedInPlace(PrefixCache):
+    def match(self, tokens: Any, identity: Any) -> tuple[list[int], list[str]]:
+        blocks, keys = super().match(tokens, identity)
+        bs = self.pool.block_size
+        for bid in blocks:
+            self.pool.v[:, bid * bs:(bid + 1) * bs] *= 1.0 + KV_DRIFT
+        return blocks, keys
+
+
 # --------------------------------------------------------------------------- A: identity inputs
 
 

@@ -37,6 +37,9 @@ class Work:
     n: int
     draft_slots: int = 0
     drafts: list[int] = attrs.Factory(list)
+    # Set by the engine's forward: the logits at each sampled row (after the last fed token, then after
+    # each draft), which the settled tokens' logprobs are read from.
+    rows: list = attrs.Factory(list)
 
     @property
     def samples(self) -> bool:

@@ -59,6 +59,8 @@ class Report:
     tpot_cost: float | None
     target_forwards: int  # this request's own target token-forwards
     draft_forwards: int  # this request's own draft-model token-forwards
+    # per output token, top-k (token, logprob) plus the chosen one; None where some position had no logits
+    logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
 
 @attrs.define(eq=False)
@@ -97,6 +99,7 @@ class Sequence:
     cost_arrival: int = 0
     cost_first: int | None = None
     cost_last: int | None = None
+    logprobs: list | None = attrs.Factory(list)  # per committed output token; None once one had no logits
 
     @property
     def output(self) -> list[int]:
@@ -123,4 +126,5 @@ class Sequence:
             preemptions=self.preemptions, prefill_chunks=self.prefill_chunks, chunked=self.prefill_chunks > 1,
             ttft_s=None if self.t_first is None else self.t_first - self.t_arrival, tpot_s=tpot_s,
             ttft_cost=None if self.cost_first is None else self.cost_first - self.cost_arrival, tpot_cost=tpot_c,
-            target_forwards=self.target_forwards, draft_forwards=self.draft_forwards)
+            target_forwards=self.target_forwards, draft_forwards=self.draft_forwards,
+            logprobs=None if self.logprobs is None else tuple(self.logprobs))

@@ -23,6 +23,7 @@ from reference_engine.scheduler import Scheduler
 from tests.engine_helpers import registry
 
 CLASSES = {f.bug_class for f in FAULTS.values()}
+REFERENCE_CALIBRATION = Path(__file__).resolve().parent.parent / "reports" / "calibration" / "reference.json"
 
 
 def test_each_seed_draws_its_own_streams_and_a_seed_always_the_same(tmp_path):
@@ -89,7 +90,9 @@ def test_fault_is_caught_with_expected_check_and_a_witness(name, tmp_path):
     # must not. The test asserts what is deterministic (derandomised CI profile): the fault is caught,
     # by an expected check, with a replayable witness written. Witness *size* after shrinking is
     # measured by `make reports-fault-zoo` (reports/fault-zoo.md) and by the shrink test below.
-    row = measure(name, profile="ci", report_dir=tmp_path, shrink=False)
+    # A fault only logprobs can see is run with the committed reference calibration (its epsilon).
+    row = measure(name, profile="ci", report_dir=tmp_path, shrink=False,
+                  calibration=str(REFERENCE_CALIBRATION) if "logprob_parity" in FAULTS[name].expected else None)
     assert row.caught and row.verdict == "fail", row
     assert row.expected_ok, f"{name}: caught by {row.checks_first} / {row.checks_witness}, " \
                             f"expected one of {FAULTS[name].expected}"

@@ -26,9 +26,18 @@ distribution; the sample maximum, said so, when the sample is too small for the 
 holds the samples' histogram and quantiles, every flip seen, and plain mode's per-step flip rate against
 the oracle, which `kvparity run --calibration` tests each feature's near-tie rate against.
 
+Logprobs (where the runs report them): at the same steps, |logprob(run) - logprob(reference)| of every
+token of the run's top-k the reference's top-k holds, for the same two sources; logprob_parity's epsilon
+is max(oracle) + max(batch) + max(config) (sample maxima: that check fails on a whole run's largest
+deviation), in the file's `logprobs` section, which `kvparity run --calibration` reads. Where logprobs are measured, the
+requests take the engine's revisions and adapters in turn (each set of weights rounds differently). The `config`
+source, for engines measured through run(): every non-default value of every knob, each batch run cold
+and then warm, against plain decoding alone (the shapes a run's features decode in).
+
 An engine whose adapter has `plain(requests) -> list[Baseline]` (plain decoding of the requests as one
 batch; the transformers adapter: one left-padded `generate`) is measured through it. Any other engine is
-measured through `run()` under its default configuration, with the top-2 logits it reports (then the
+measured through `run()` under its default configuration, with the top-2 logits or the top-k logprobs
+it reports (then the
 "alone" runs are batches of one and the file says so).
 """
 
@@ -48,7 +57,7 @@ from kvparity.parsing import UsageParser, output_file, run_command, summary
 from conformance.exit_codes import ExitCode
 from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seconds
 from conformance.engine_lifecycle import build_engine, close_engine
-from conformance.contract import Baseline, Capabilities, EngineError, Request, UsageError
+from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
 from conformance.numerics import CALIBRATION_VERSION, quantile_bound
 
 HISTOGRAM_EDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, math.inf)
@@ -92,18 +101,77 @@ def plain_runner(engine: Any, caps: Capabilities) -> tuple[Callable[[Sequence[Re
     """How plain decoding of a batch is asked of this engine, and that said in words."""
     if callable(getattr(engine, "plain", None)):
         return engine.plain, "the adapter's plain(): plain decoding of the requests as one batch"
-    if not caps.top2_logits:
-        raise UsageError(f"engine {caps.name!r} reports no top-2 logits and has no plain(): nothing to measure")
+    if not caps.top2_logits and caps.logprobs_k < 2:
+        raise UsageError(f"engine {caps.name!r} reports neither top-2 logits nor top-k logprobs and has no "
+                         f"plain(): nothing to measure")
     engine.configure({})
 
     def via_run(requests: Sequence[Request]) -> list[Baseline]:
-        out = []
-        for r in engine.run(list(requests)):
-            top2 = r.top2 or ()
-            out.append(Baseline(r.output[:len(top2)], r.finish_reason, [t[1] - t[3] for t in top2],
-                                [t[2] for t in top2]))
-        return out
-    return via_run, "run() under the default configuration, margins from the reported top-2 logits"
+        return [as_baseline(r) for r in engine.run(list(requests))]
+    source = "top-2 logits" if caps.top2_logits else "top-k logprobs (a logprob difference is a logit difference)"
+    return via_run, f"run() under the default configuration, margins from the reported {source}"
+
+
+def as_baseline(r: Result) -> Baseline:
+    """A result as plain decoding's record: margins and runner-up from its top-2 logits, or else from its
+    logprobs (log-softmax shifts every logit of a position by the same amount), and its logprobs."""
+    lps = r.logprobs or ()
+    if r.top2:
+        margins, runner_up = [t[1] - t[3] for t in r.top2], [t[2] for t in r.top2]
+    else:
+        margins = [step[0][1] - step[1][1] for step in lps if len(step) > 1]
+        runner_up = [step[1][0] for step in lps if len(step) > 1]
+    n = len(margins)
+    return Baseline(r.output[:n], r.finish_reason, margins, runner_up, logprobs=lps[:n])
+
+
+def logprob_deltas(a: Baseline, v: Baseline) -> list[float]:
+    """|logprob difference| of every token of v's top-k that a's top-k holds too, at every step both
+    record up to and including their first token difference (what logprob_parity compares)."""
+    out: list[float] = []
+    for ta, tv, la, lv in zip(a.output, v.output, a.logprobs, v.logprobs):
+        theirs = dict(la)
+        out.extend(abs(g - theirs[t]) for t, g in lv if t in theirs)
+        if ta != tv:
+            break
+    return out
+
+
+def config_logprob_deltas(engine: Any, caps: Capabilities, requests: Sequence[Request], alone: Sequence[Baseline],
+                          size: int) -> list[float]:
+    """Logprob deviations of the engine's own features from its plain mode: under every non-default
+    value of every knob, the requests (those its context limit admits) in batches of `size`, each batch
+    run twice (cold, then warm: the second run is served from whatever the first cached), against the
+    same requests decoded alone under the defaults. A lossless feature changes only the rounding; these
+    are the shapes (chunks, verification windows, cache hits, small blocks) a run's results come from."""
+    out: list[float] = []
+    for knob in caps.knobs:
+        for value in knob.values[1:]:
+            engine.configure({knob.name: value})
+            limit = caps.context_limit({knob.name: value})
+            fits = [j for j, r in enumerate(requests) if len(r.prompt) + r.max_tokens <= limit]
+            for start in range(0, len(fits), size):
+                chunk = fits[start:start + size]
+                for _ in range(2):
+                    for j, r in zip(chunk, engine.run([requests[j] for j in chunk])):
+                        out.extend(logprob_deltas(alone[j], as_baseline(r)))
+    engine.configure({})
+    return out
+
+
+def logprob_section(samples: dict[str, list[float]], quantile: float, confidence: float) -> dict[str, Any] | None:
+    """Epsilon of logprob_parity: the sum of each source's sample maximum (a run's result deviates from
+    the oracle by at most oracle-vs-plain + plain-vs-batched + batched-vs-feature). The check fails on
+    the largest deviation of a whole run (tens of thousands of comparisons), so each source contributes
+    its maximum, not a quantile bound (which a run would exceed by design); None where nothing was
+    measured."""
+    if not any(samples.values()):
+        return None
+    sources = {k: describe(v, quantile, confidence) for k, v in samples.items()}
+    return {"epsilon": sum(src["max"] for src in sources.values()),
+            "rule": "sample max(oracle) + sample max(batch) + sample max(config)",
+            "sample": "|logprob(run) - logprob(reference)| per token of the run's top-k the reference's top-k "
+                      "holds, per shared decoding step", "sources": sources}
 
 
 def compare_runs(a: Baseline, v: Baseline) -> tuple[list[float], dict[str, Any] | None]:
@@ -148,6 +216,21 @@ def describe(sample: Sequence[float], quantile: float, confidence: float) -> dic
             "bound": quantile_bound(xs, quantile, confidence).to_json(), "histogram": histogram(xs)}
 
 
+def identities(caps: Capabilities) -> list[Identity]:
+    """The weights a run may decode under, taken in turn by the requests: every revision, and each
+    adapter the engine declares, under its first binding ("name@digest") only (two bindings of one name
+    in a batch are an in-place reload, not noise). Other weights have other logit magnitudes, so other
+    rounding."""
+    out = [Identity(revision=r) for r in caps.revisions or ("a",)]
+    seen: set[str] = set()
+    for binding in caps.adapters:
+        name, _, digest = binding.partition("@")
+        if name not in seen:
+            seen.add(name)
+            out.append(Identity(adapter=name, adapter_digest=digest or None))
+    return out
+
+
 def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
     from conformance.domains import max_prompt_len, seeded_tokens
 
@@ -155,12 +238,17 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
     plain, how = plain_runner(engine, caps)
     rng = random.Random(args.seed)
     top = max(2, min(64, max_prompt_len(caps)))
-    requests = [Request(f"cal{i}", seeded_tokens(caps, rng.randint(2, top), args.seed * 100003 + i), args.max_tokens)
+    # every set of weights where logprobs are measured (their epsilon must hold for each); elsewhere the
+    # default identity, as calibrations of those engines always were
+    idents = identities(caps) if caps.logprobs_k > 0 else [Identity()]
+    requests = [Request(f"cal{i}", seeded_tokens(caps, rng.randint(2, top), args.seed * 100003 + i), args.max_tokens,
+                        identity=idents[i % len(idents)])
                 for i in range(args.prompts)]
     started = time.monotonic()
     alone = [plain([r])[0] for r in requests]
     oracle = [engine.baseline(r) for r in requests]
     samples: dict[str, list[float]] = {"batch": [], "oracle": []}
+    lp_samples: dict[str, list[float]] = {"batch": [], "oracle": [], "config": []}
     flips: list[dict[str, Any]] = []
     plain_flips = plain_steps = 0
     plain_noise: list[float] = []  # plain outputs (alone and batched) against the oracle, per shared step
@@ -175,6 +263,7 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
     for i, (o, a) in enumerate(zip(oracle, alone)):
         deltas, flip = compare_runs(o, a)
         samples["oracle"] += deltas
+        lp_samples["oracle"] += logprob_deltas(o, a)
         against_oracle(i, a)
         if flip:
             flips.append({"source": "oracle", "request": requests[i].id, **flip})
@@ -184,9 +273,12 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
             for position, (j, out) in enumerate(zip(chunk, outs)):
                 deltas, flip = compare_runs(alone[j], out)
                 samples["batch"] += deltas
+                lp_samples["batch"] += logprob_deltas(alone[j], out)
                 against_oracle(j, out)
                 if flip:
                     flips.append({"source": f"batch of {size}, position {position}", "request": requests[j].id, **flip})
+    if not callable(getattr(engine, "plain", None)) and caps.logprobs_k > 0:
+        lp_samples["config"] = config_logprob_deltas(engine, caps, requests, alone, max(args.sizes))
     sources = {k: describe(v, args.quantile, args.confidence) for k, v in samples.items()}
     tau = sources["oracle"]["bound"]["value"] + sources["batch"]["bound"]["value"]
     widest = max((f["margin_expected_side"] for f in flips), default=0.0)
@@ -209,6 +301,7 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
         "flips": flips,
         # sorted: `kvparity run --calibration` reads P(noise > margin) from it (numerics.flip_probability)
         "plain_noise": sorted(round(x, 7) for x in plain_noise),
+        "logprobs": logprob_section(lp_samples, args.quantile, args.confidence),
         "seconds": round(time.monotonic() - started, 1),
     }
 
@@ -238,8 +331,15 @@ def work(args: argparse.Namespace) -> int:
     print(f"tau {data['tau']:.4g} = oracle bound {o['bound']['value']:.4g} (n {o['n']}) + batch bound "
           f"{b['bound']['value']:.4g} (n {b['n']}), quantile {args.quantile} at confidence {args.confidence}; "
           f"flips seen {len(data['flips'])}, plain per-step flip rate {data['plain_near_ties']['flips']}/"
-          f"{data['plain_near_ties']['steps']}; wrote {args.out}")
+          f"{data['plain_near_ties']['steps']}; {logprob_words(data['logprobs'])}; wrote {args.out}")
     return 0
+
+
+def logprob_words(section: dict[str, Any] | None) -> str:
+    if section is None:
+        return "logprobs not measured (the engine reports none)"
+    parts = [f"{name} max {src['max']:.3g} (n {src['n']})" for name, src in section["sources"].items()]
+    return f"logprob epsilon {section['epsilon']:.3g} = " + " + ".join(parts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

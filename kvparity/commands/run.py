@@ -74,6 +74,7 @@ def config_from(args: argparse.Namespace, calibration: Any, known: Any) -> Any:
                      max_shrink_seconds=args.max_shrink_seconds,
                      tolerance=calibration.tau if calibration else None,
                      calibration=calibration.path if calibration else None, close=True,
+                     logprob_epsilon=calibration.logprob_epsilon if calibration else None,
                      known_findings=known, strict_known=args.strict_known)
 
 

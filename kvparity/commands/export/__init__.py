@@ -142,6 +142,9 @@ def plan_of(witness: str | os.PathLike, engine: str | None, engine_args: dict[st
     target = engine or named
     exporter = exporter_for(str(target))
     _, args, check, steps = read_witness(witness, engine)  # an engine the user names may be module:Class
+    if check in NOT_RESTATED:
+        raise UsageError(f"{witness}: a {check} witness cannot be exported: the reproducer's checker restates "
+                         f"the token claims only (not logprobs); replay it with `kvparity replay {witness}`")
     if target != named:
         args = {}  # the witness's engine arguments belong to its own engine
     refuse_remote_hosts(args, engine_args or {}, str(witness))  # the script would send traffic there
@@ -150,6 +153,11 @@ def plan_of(witness: str | os.PathLike, engine: str | None, engine_args: dict[st
     if hasattr(exporter, "locate") and out is not None:
         params["engine"].update(exporter.locate(out))
     return exporter, params, args
+
+
+# Checks the standalone checker (runtime.py) does not restate: exporting their witness would print PASSED
+# with the bug on.
+NOT_RESTATED = ("logprob_parity",)
 
 
 def build_parser() -> argparse.ArgumentParser:
