@@ -3,7 +3,7 @@
 Each shard is `python -m kvparity run ... --shard i/n --report-dir OUT/shards/i` in a process of its own
 (the one supervised front door a single run has, so an engine that kills its process is still an
 `error` shard, not a lost one). The shards run either as local processes, `jobs` at a time, or as Ray
-tasks (`ray` is the optional `campaign` extra): Ray is an executor that already exists for placing work
+tasks (`ray` is the optional `ray` extra): Ray is an executor that already exists for placing work
 where the resources are, so a shard asks for what its engine needs (`num_gpus=1` for a GPU engine) and
 Ray runs it on a node that has it; `ray.init()` with no address starts a local runtime (the tests), with
 one (`RAY_ADDRESS`, `--ray-address`) it joins a cluster.

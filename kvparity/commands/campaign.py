@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=output_dir, metavar="DIR",
                    help="the campaign folder: shards/<i>/ and the merged report")
     p.add_argument("--ray", action="store_true",
-                   help="run the shards as Ray tasks (pip install 'kvparity[campaign]'); none: local processes")
+                   help="run the shards as Ray tasks (pip install 'kvparity[ray]'); none: local processes")
     p.add_argument("--ray-address", default=None,
                    help="with --ray: the cluster to join (none: RAY_ADDRESS, else a local Ray runtime)")
     p.add_argument("--shard-cpus", type=float, default=1.0, help="with --ray: CPUs each shard's task asks for")
@@ -47,7 +47,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         try:
             import ray  # noqa: F401
         except ImportError:
-            raise UsageError("--ray: ray is not installed (pip install 'kvparity[campaign]')") from None
+            raise UsageError("--ray: ray is not installed (pip install 'kvparity[ray]')") from None
     run_parser().parse_args(rest)  # a bad run argument is refused before any shard starts
     args.run_args = rest
     return args
