@@ -46,12 +46,20 @@ def campaign_seed(run_args: Sequence[str]) -> list[str]:
     """`run_args` with a `--seed` every shard shares: the one given, else one drawn here, unless the
     profile is derandomised (ci), whose shards derive their seeds from the shard alone."""
     from conformance.run_config import profile_settings
-    from kvparity.commands.run import build_parser
 
-    args = build_parser().parse_args(list(run_args))
-    if args.seed is not None or profile_settings(args.profile).derandomize:
+    if option(run_args, "--seed") is not None or profile_settings(option(run_args, "--profile") or "dev").derandomize:
         return list(run_args)
     return [*run_args, "--seed", str(random.randrange(2**32))]
+
+
+def option(run_args: Sequence[str], name: str) -> str | None:
+    """The value of `name` in `kvparity run` arguments the command has already parsed (so well formed)."""
+    for k, arg in enumerate(run_args):
+        if arg == name and k + 1 < len(run_args):
+            return run_args[k + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def _env() -> dict[str, str]:

@@ -93,3 +93,15 @@ def database(engine_name: str, url: str | None = None, directory: str | Path | N
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     return DirectoryBasedExampleDatabase(str(Path(directory or ".hypothesis") / "kvparity" / _key(engine_name)))
+
+
+def keep_with_seed(test: Any, db: Any) -> None:
+    """Give a seeded Hypothesis test its example database back. `hypothesis.seed` turns the database
+    off (a seed alone should reproduce a run), which is right for `kvparity run --seed` but would make
+    every shard (each is seeded, conformance.shards) and every run given `--database` ignore the store
+    it was given: a failure found by one shard would never be replayed by the next. Hypothesis has no
+    public way to have both, so this sets the settings `@seed` replaced (tests/test_shards.py fails if
+    a Hypothesis release changes that)."""
+    from hypothesis import settings
+
+    test._hypothesis_internal_use_settings = settings(test._hypothesis_internal_use_settings, database=db)

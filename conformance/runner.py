@@ -207,6 +207,8 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
                     test = hypothesis_seed((seed or 0) * 1000 + hunt.round + 1)(test)
                 elif seed is not None:
                     test = hypothesis_seed(seed)(test)
+                    if config.shard is not None or config.database_url:  # a campaign's store, replayed first
+                        example_database.keep_with_seed(test, overrides["database"])
                 hunt.begin(examples, builder.history)
                 broken = not _run_phase(test, writer)
             runner.budget = None  # the shrink cap bounds the stream's shrinking, not what follows it
