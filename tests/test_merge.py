@@ -131,3 +131,24 @@ def test_the_merged_report_never_goes_into_a_shard(runs, capsys):
     code = cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", str(runs["1"])])
     err = capsys.readouterr().err
     assert code == 3 and len(err.strip().splitlines()) == 1 and "--out" in err
+
+
+def test_a_local_campaign_runs_its_shards_and_merges_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine",
+                     "tests.fake_engine:FakeDictEngine", "--engine-arg", "bug=salt_leak", "--profile", "ci",
+                     "--max-examples", "6", "--no-shrink", "--database", str(tmp_path / "db")])
+    printed = capsys.readouterr().out
+    merged = json.loads((tmp_path / "c" / "results.json").read_text())
+    assert code == 1 and merged["verdict"] == "fail" and merged["campaign"]["count"] == 2, printed
+    assert [s["shard"] for s in merged["campaign"]["shards"]] == ["1/2", "2/2"]
+
+
+@pytest.mark.parametrize("extra, says", [(["--shard", "1/2"], "--shard is set by the campaign"),
+                                         (["--report-dir", "x"], "--report-dir is set by the campaign"),
+                                         (["--bogus"], "unrecognized arguments")])
+def test_a_campaign_refuses_bad_run_arguments_before_any_shard(extra, says, tmp_path, capsys):
+    code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine", "reference", *extra])
+    err = capsys.readouterr().err
+    assert code == 3 and says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "c" / "shards").exists()
