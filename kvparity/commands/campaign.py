@@ -8,6 +8,7 @@ run`: the merged verdict's; a shard that left no run folder is missing, and the 
 from __future__ import annotations
 
 import argparse
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Sequence
 
@@ -43,11 +44,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     for option in SET_BY_CAMPAIGN:
         if any(a == option or a.startswith(option + "=") for a in rest):
             raise UsageError(f"{option} is set by the campaign for each shard; leave it out")
-    if args.ray:
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise UsageError("--ray: ray is not installed (pip install 'kvparity[ray]')") from None
+    if args.ray and find_spec("ray") is None:
+        raise UsageError("--ray: ray is not installed (pip install 'kvparity[ray]')")
     run_parser().parse_args(rest)  # a bad run argument is refused before any shard starts
     args.run_args = rest
     return args
