@@ -62,7 +62,8 @@ from adapters.engine_args import choice_arg, engine_arguments, int_arg, parse
 from adapters.llama_cpp_args import CACHES, DRAFTERS, GGML_TYPE, KNOBS, LlamaCppArgs
 from adapters.landmarks import shipped_landmarks
 from adapters.reference_oracle import ReferenceOracle
-from conformance.contract import Baseline, Capabilities, EngineError, Identity, Knob, Request, Result, UsageError
+from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
+from conformance.knobs import Knob
 
 # Tie tolerance tau, in logits. Measured (tests/test_adapter_llama_cpp.py, reports/llama_cpp/README.md):
 # |llama.cpp f32 logit - reference float64 logit| stays below 1.4e-5 over 2 x 50 prompts x 24 steps, so a

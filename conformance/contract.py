@@ -10,10 +10,12 @@ Everything here is frozen and slotted (attrs) so a history can be hashed, compar
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import attrs
 from attrs import field, frozen
+
+from conformance.knobs import _VIEWS, Knob, _knob_tuple, knob_views, knobs_from_maps
 
 
 def _tuple_of_ints(values: Sequence[int]) -> tuple[int, ...]:
@@ -62,12 +64,6 @@ class Request:
 # "refused": the engine declined the request without running it (no output), because it lies past a
 # limit the engine declares (`Capabilities.refuses`); the other requests of the batch go on.
 FINISH_REASONS = ("eos", "stop", "length", "abort", "refused")
-
-# What a difference in a configuration knob tests (Capabilities.knob_roles): the drafter, k or
-# speculation on/off; the cache (size, block size, prefix caching on/off); or scheduling (chunk size,
-# token budget, batch limits, preemption policy).
-KNOB_ROLES = ("speculation", "cache", "schedule")
-
 
 def _contenders(values: Sequence[Sequence[Sequence[float]]]) -> tuple[tuple[tuple[int, float], ...], ...]:
     return tuple(tuple((int(t), float(g)) for t, g in step) for step in values)
@@ -183,78 +179,6 @@ class Landmarks:
         return cls(tuple(p if isinstance(p, EosPath) else EosPath(**p) for p in d.get("eos_paths", ())),
                    tuple(t if isinstance(t, NearTie) else NearTie(**t) for t in d.get("near_ties", ())),
                    d.get("same_text", ()), d.get("search_s"), d.get("unsteered_accepted", False))
-
-
-def _limits(limits: Mapping[Any, Any] | Sequence[Sequence[Any]] | None) -> dict[Any, int]:
-    items = limits.items() if isinstance(limits, Mapping) else (limits or ())
-    return {value: int(n) for value, n in items}
-
-
-@frozen
-class Knob:
-    """One engine configuration knob, stated once: everything the strategies and checks need to know
-    about it, where earlier versions spread it over four parallel maps of `Capabilities`.
-
-    `values`: what the strategies may configure, the first being what shrinking goes to (the
-    declared default). `role`: which claim a difference in it tests, one of KNOB_ROLES (None: undeclared,
-    which `validation.capabilities` refuses). `prefix_caching_off`: the values that switch prefix caching
-    off (the positive control expects no hit under them). `context_limits`: value -> the most tokens
-    (prompt + max_tokens) one request may take under it, for values that hold fewer than `max_context`
-    (a KV pool of a few blocks is how an engine is made to evict under short requests, and it cannot
-    hold a long one); the strategies keep requests within it."""
-
-    name: str
-    values: tuple[Any, ...] = field(converter=tuple)
-    role: str | None = None
-    prefix_caching_off: tuple[Any, ...] = field(default=(), converter=tuple)
-    context_limits: Mapping[Any, int] = field(factory=dict, converter=_limits)
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Knob":
-        """A recorded knob. JSON object keys are strings: a context limit's key names the value whose
-        str() it is (the same match the strategies' lookup makes)."""
-        values = tuple(d.get("values") or ())
-        by_str = {str(v): v for v in values}
-        limits = {by_str.get(str(k), k): n for k, n in (d.get("context_limits") or {}).items()}
-        return cls(str(d["name"]), values, d.get("role"), tuple(d.get("prefix_caching_off") or ()), limits)
-
-
-def _knob_tuple(knobs: Sequence[Knob | Mapping[str, Any]]) -> tuple[Knob, ...]:
-    return tuple(k if isinstance(k, Knob) else Knob.from_json(k) for k in knobs)
-
-
-# The four per-knob maps of earlier versions: still read (constructor arguments, old histories).
-LEGACY_KNOB_MAPS = ("config_space", "knob_roles", "prefix_caching_off", "context_limits")
-
-
-def knobs_from_maps(config_space: Mapping[str, Sequence[Any]] | None = None,
-                    knob_roles: Mapping[str, str] | None = None,
-                    prefix_caching_off: Mapping[str, Sequence[Any]] | None = None,
-                    context_limits: Mapping[str, Mapping[Any, int]] | None = None) -> tuple[Knob, ...]:
-    """The four maps of earlier versions as knobs, in `config_space` order. A context limit keyed by
-    str(value) is keyed by that value (a key matching no value is kept as it is). Entries for knobs
-    outside `config_space` are dropped: no configuration can name them."""
-    roles, off, limits = knob_roles or {}, prefix_caching_off or {}, context_limits or {}
-    knobs = []
-    for name, values in (config_space or {}).items():
-        by_str = {str(v): v for v in values}
-        per_value = {by_str.get(str(k), k): n for k, n in (limits.get(name) or {}).items()}
-        knobs.append(Knob(name, values, roles.get(name), off.get(name, ()), per_value))
-    return tuple(knobs)
-
-
-def knob_views(knobs: Sequence[Knob]) -> dict[str, dict[str, Any]]:
-    """The four maps of earlier versions, derived from the knobs (what strategies and checks read)."""
-    return {name: _VIEWS[name](knobs) for name in LEGACY_KNOB_MAPS}
-
-
-_VIEWS: dict[str, Callable[[Sequence[Knob]], dict[str, Any]]] = {
-    "config_space": lambda knobs: {k.name: k.values for k in knobs},
-    "knob_roles": lambda knobs: {k.name: k.role for k in knobs if k.role is not None},
-    "prefix_caching_off": lambda knobs: {k.name: k.prefix_caching_off for k in knobs if k.prefix_caching_off},
-    "context_limits": lambda knobs: {k.name: {str(v): n for v, n in k.context_limits.items()}
-                                     for k in knobs if k.context_limits},
-}
 
 
 @frozen(init=False)

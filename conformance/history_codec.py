@@ -16,7 +16,8 @@ from typing import Any, Mapping
 import attrs
 
 from conformance import untrusted
-from conformance.contract import LEGACY_KNOB_MAPS, Baseline, Capabilities, Identity, Knob, Request, Result
+from conformance.contract import Baseline, Capabilities, Identity, Request, Result
+from conformance.knobs import LEGACY_KNOB_MAPS, Knob
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from conformance.arguments import DEFAULT_REPORT_DIR, DEFAULT_TIMEOUT_S
 from conformance.contract import UsageError
+from conformance.shards import Shard
 
 PROFILES = {"dev": 4, "ci": 5, "nightly": 8}  # profile -> max steps per scenario
 
@@ -59,6 +60,13 @@ def _known(entries: Sequence[Mapping[str, str]] | None) -> tuple[dict[str, str],
     return None if entries is None else tuple(dict(e) for e in entries)
 
 
+def _database_url(instance: Any, attribute: attrs.Attribute, value: str | None) -> None:
+    if value is not None:
+        from conformance.example_database import check_url
+
+        check_url(value)
+
+
 def _optional_path(value: str | os.PathLike[str] | None) -> Path | None:
     return None if value is None else Path(value)
 
@@ -72,7 +80,10 @@ class RunConfig:
     on (`keep_looking`; False: the first round only). `max_shrink_seconds`: stop shrinking that long after
     the first failure (None: Hypothesis' own cap). `tolerance`, `calibration`: a `kvparity calibrate`
     file's measured tau and its path; `logprob_epsilon`: its measured logprob epsilon (None: the file
-    measured none, or no file: logprob_parity is not run)."""
+    measured none, or no file: logprob_parity is not run). `shard` (`--shard i/n`): the stream is shard
+    i's of n, its seed derived (conformance.shards). `database_url` (`--database redis://...`): the
+    example database is a shared Redis on this machine (conformance.example_database); else the folder
+    `database_dir`."""
 
     engine_name: str
     engine_args: Mapping[str, str] = attrs.field(factory=dict, converter=lambda a: dict(a or {}))
@@ -81,6 +92,7 @@ class RunConfig:
     report_dir: Path = attrs.field(default=DEFAULT_REPORT_DIR, converter=Path)
     run_dir: Path | None = attrs.field(default=None, converter=_optional_path)
     database_dir: Path | None = attrs.field(default=None, converter=_optional_path)
+    database_url: str | None = attrs.field(default=None, validator=_database_url)
     seed: int | None = None
     max_examples: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -93,6 +105,7 @@ class RunConfig:
     known_findings: tuple[dict[str, str], ...] | None = attrs.field(default=None, converter=_known)
     strict_known: bool = False
     keep_looking: bool = True
+    shard: Shard | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.strict_known and self.known_findings is None:

@@ -15,16 +15,14 @@ import platform
 import random
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import attrs
 from hypothesis import Phase, given, settings
 from hypothesis import seed as hypothesis_seed
-from hypothesis.database import DirectoryBasedExampleDatabase
 
 from conformance import known as known_mod
-from conformance import step_counts, stopping, validation
+from conformance import example_database, step_counts, stopping, validation
 from conformance.analysis import analyse, example_verdicts, failures_of
 from conformance.calls import EngineCalls, one_line
 from conformance.checks import CHECKS
@@ -41,6 +39,7 @@ from conformance.run_folder import new_run_dir
 from conformance.run_handlers import InMemoryHistory, ReportWriter, RunHandler, fan_out
 from conformance.run_outcome import RunOutcome
 from conformance.scenario_runner import ScenarioRunner
+from conformance.shards import DERANDOMISED
 from conformance.shrink_budget import ShrinkBudget, ShrinkTally, ShrinkTimeUp
 from conformance.scenario import Step
 from conformance.strategies import scenarios
@@ -89,8 +88,7 @@ def _handlers(given_handlers: Sequence[RunHandler]) -> tuple[InMemoryHistory, li
 def _overrides(config: RunConfig, seed: int | None) -> dict[str, Any]:
     """The settings a run lays over its profile: its own example database, the example count, a seed
     (which replaces a derandomised stream), no shrink phase."""
-    db = DirectoryBasedExampleDatabase(str(Path(config.database_dir or ".hypothesis") / "kvparity" /
-                                           config.engine_name.replace(":", "_").replace("/", "_")))
+    db = example_database.database(config.engine_name, config.database_url, config.database_dir)
     overrides: dict[str, Any] = {"database": db}
     if config.max_examples is not None:
         overrides["max_examples"] = config.max_examples
@@ -99,6 +97,20 @@ def _overrides(config: RunConfig, seed: int | None) -> dict[str, Any]:
     if not config.shrink:  # faster when only the verdict matters (the suite's own tests)
         overrides["phases"] = tuple(p for p in _PHASES if p is not Phase.shrink)
     return overrides
+
+
+def stream_seed(config: RunConfig) -> tuple[int | None, dict[str, Any]]:
+    """The run's Hypothesis seed (None: derandomised) and, for a shard, the `shard` field of its
+    `run_start`. A seed is drawn where the profile does not derandomise, so every run records what
+    reruns it (not for ci: a seed there would replace its derandomised stream); a shard's seed is
+    derived from the campaign seed and its index (conformance.shards), so no two shards draw one stream."""
+    seed = config.seed
+    if seed is None and not config.settings.derandomize:
+        seed = random.randrange(2**32)
+    if config.shard is None:
+        return seed, {}
+    campaign_seed = DERANDOMISED if seed is None else seed
+    return config.shard.seed(campaign_seed), {"shard": config.shard.to_json(campaign_seed)}
 
 
 def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] = (),
@@ -117,10 +129,9 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
     Known findings (conformance.known) do not stop the run nor fail it. Several bugs per run: each new
     signature stops Hypothesis and is shrunk on its own (conformance.hunt), then the run looks on, with
     the examples left."""
-    names, profile, max_examples, seed = list(config.checks), config.profile, config.max_examples, config.seed
+    names, profile, max_examples = list(config.checks), config.profile, config.max_examples
     base_settings = config.settings
-    if seed is None and not base_settings.derandomize:  # drawn, so every run records what reruns it;
-        seed = random.randrange(2**32)  # not for ci: a seed there would replace its derandomised stream
+    seed, shard_fields = stream_seed(config)
     own_calls = calls is None
     calls = calls or EngineCalls(config.timeout_s)
     started = time.monotonic()
@@ -148,7 +159,8 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
             "known": [dict(e) for e in config.known_findings], "strict_known": config.strict_known}
         writer.append("run_start", engine=config.engine_name, engine_args=dict(config.engine_args),
                       capabilities=caps, versions=versions(caps), seed="derandomised" if seed is None else seed,
-                      profile=profile, checks=names, calibration=config.calibration, **known_fields)
+                      profile=profile, checks=names, calibration=config.calibration, **known_fields,
+                      **shard_fields)
         oracle = Oracle(engine.baseline, lambda key, b: writer.append("baseline", key=key, baseline=b))
         runner = ScenarioRunner(engine, writer, oracle, caps, calls=calls)
         runner.budget = tally.guard(budget)
@@ -198,6 +210,8 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
                     test = hypothesis_seed((seed or 0) * 1000 + hunt.round + 1)(test)
                 elif seed is not None:
                     test = hypothesis_seed(seed)(test)
+                    if config.shard is not None or config.database_url:  # a campaign's store, replayed first
+                        example_database.keep_with_seed(test, overrides["database"])
                 hunt.begin(examples, builder.history)
                 broken = not _run_phase(test, writer)
             runner.budget = None  # the shrink cap bounds the stream's shrinking, not what follows it

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from conformance.contract import FINISH_REASONS, KNOB_ROLES, Baseline, Capabilities, EngineError, Request, Result
+from conformance.contract import FINISH_REASONS, Baseline, Capabilities, EngineError, Request, Result
+
+from conformance.knobs import KNOB_ROLES
 
 
 def _is_int(v: Any) -> bool:

@@ -30,6 +30,8 @@ BUILTIN = {
     "run": "kvparity.commands.run:main",
     "replay": "kvparity.commands.replay:main",
     "report": "kvparity.commands.report:main",
+    "merge": "kvparity.commands.merge:main",
+    "campaign": "kvparity.commands.campaign:main",
     "engines": "kvparity.commands.engines:main",
     "calibrate": "kvparity.commands.calibrate:main",
     "fault-zoo": "kvparity.commands.fault_zoo:main",

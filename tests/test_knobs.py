@@ -12,7 +12,9 @@ import sys
 import attrs
 import pytest
 
-from conformance.contract import Capabilities, Knob, UsageError
+from conformance.contract import Capabilities, UsageError
+
+from conformance.knobs import Knob
 from conformance.history import capabilities_from, encode
 from conformance.untrusted import check_history_configs
 

@@ -58,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "signatures are reported as known and do not fail the run; the run goes on looking")
     run.add_argument("--strict-known", action="store_true",
                      help="with --known: a known finding this run did not see (fixed) fails the run")
+    run.add_argument("--shard", default=None, metavar="I/N",
+                     help="run shard I of N (counted from 1): a stream of its own, its seed derived from the run's "
+                          "seed (or, for ci, from the shard alone) and recorded; `kvparity merge` joins the N run "
+                          "folders into one verdict (none: not a shard)")
+    run.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT/N",
+                     help="Hypothesis' example database (failures are replayed first): a folder, or a Redis on this "
+                          "machine shared by a campaign's shards (needs kvparity[campaign]; loopback hosts only) "
+                          "(none: .hypothesis/ here)")
     return run
 
 
@@ -65,7 +73,9 @@ def config_from(args: argparse.Namespace, calibration: Any, known: Any) -> Any:
     """The run's configuration, validated once (conformance.run_config): bad checks, profile or
     --strict-known without --known are a one-line usage error before any engine is built."""
     from conformance.engines import parse_engine_args
+    from conformance.example_database import is_url
     from conformance.run_config import RunConfig
+    from conformance.shards import parse_shard
 
     return RunConfig(engine_name=args.engine, engine_args=parse_engine_args(args.engine_arg),
                      profile=args.profile, checks=[c for c in args.checks.split(",") if c.strip()],
@@ -75,7 +85,10 @@ def config_from(args: argparse.Namespace, calibration: Any, known: Any) -> Any:
                      tolerance=calibration.tau if calibration else None,
                      calibration=calibration.path if calibration else None, close=True,
                      logprob_epsilon=calibration.logprob_epsilon if calibration else None,
-                     known_findings=known, strict_known=args.strict_known)
+                     known_findings=known, strict_known=args.strict_known,
+                     shard=parse_shard(args.shard) if args.shard is not None else None,
+                     database_url=args.database if is_url(args.database) else None,
+                     database_dir=None if is_url(args.database) else args.database)
 
 
 def work(args: argparse.Namespace, session: Session) -> int:
@@ -94,6 +107,10 @@ def work(args: argparse.Namespace, session: Session) -> int:
     calibration = numerics.load_calibration(args.calibration) if args.calibration else None
     config = config_from(args, calibration, load_known(args.known) if args.known else None)
     report_dir = writable_folder(config.report_dir, "--report-dir")
+    if config.database_url:  # an unreachable shared store is refused now, not found out mid-run
+        from conformance.example_database import reachable
+
+        reachable(config.database_url)
     resolve(config.engine_name)  # an unknown engine is a usage error before anything is built
     engine = build_engine(config.engine_name, dict(config.engine_args), config.timeout_s)
     if args.accept_unsteered:
@@ -137,6 +154,8 @@ def finish(args: argparse.Namespace, outcome: Any, engine: Any) -> int:
     shrink = (outcome.history.ended or {}).get("shrink_steps") if outcome.history is not None else None
     shrunk = f" (+{shrink} shrink steps)" if isinstance(shrink, int) and 0 < shrink <= outcome.examples else ""
     drawn = outcome.examples - (shrink if shrunk else 0)
+    if args.shard is not None:  # the seed above is the shard's own: the rerun needs no --shard
+        print(f"shard {args.shard}: its seed {outcome.seed} is derived from the campaign's (conformance.shards)")
     print(f"{word}: {drawn} examples{shrunk}, near-ties {a.near_ties}, report {outcome.run_dir}", flush=True)
     status.tell(verdict=code)
     if outcome.interrupted and not outcome.closed and not outcome.abandoned:  # closed after its report

@@ -1,0 +1,182 @@
+"""`kvparity merge`: one verdict for a campaign, from its shards' histories — failing closed as one run does.
+
+A campaign is n shards (`kvparity run --shard i/n`, conformance.shards) that each wrote a run folder.
+Their verdict is not "the worst of the n results.json": a results.json is a summary, and a shard that
+never ran leaves no folder to be the worst of. So the merge works from the evidence:
+
+- every folder's history is verified (conformance.history_chain, as `kvparity report` does): a history
+  that is edited, cut, unchained (legacy: nothing seals it) or not the one its results.json was judged
+  on makes the campaign `error`; so does a shard that did not finish (no `run_end`, interrupted) or
+  whose engine failed (its `error` events, named by shard);
+- the folders must be one campaign's: each records its shard (i/n) in `run_start`, all with the same n,
+  engine, engine arguments, profile, checks, capabilities and campaign seed, each index once; a shard
+  of the n declared that is not given is *missing*, and the campaign is `error`;
+- the shards' examples are judged as one run's: joined in shard order into one History (examples
+  renumbered), each example-scoped check over each example as the run judged it, and the run-scoped
+  checks (`exercised`: what the engine claims must have been exercised) over all of them, so coverage
+  is summed: a situation one shard reached counts for the campaign;
+- findings are deduplicated across shards by signature (conformance.signature: a bug's identity
+  without its seed or sizes), each listed once with the shards that found it.
+
+The exit code is the verdict's, as for `kvparity run`. The merged report (results.json with a
+`campaign` block, report.md / .html, junit.xml, witnesses/) goes to `--out`, never into a shard's folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from attrs import define, field
+
+from conformance import known
+from conformance.analysis import Analysis, analyse
+from conformance.contract import UsageError
+from conformance.history import History, HistoryBuilder, NotAHistory, parse, read_events
+from conformance.history_chain import VERIFIED, verify
+from conformance.shards import Shard, shard_of
+
+# What every shard of one campaign must have recorded alike in its run_start.
+SAME = ("engine", "engine_args", "profile", "checks", "capabilities", "known")
+
+
+@define
+class ShardRun:
+    """One given run folder: its verified events and shard, or why it cannot stand in the campaign."""
+
+    run_dir: Path
+    events: list[dict[str, Any]] = field(factory=list)
+    history: History | None = None
+    shard: Shard | None = None
+    campaign_seed: Any = None
+    problems: list[str] = field(factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"shard {self.shard} ({self.run_dir})" if self.shard else str(self.run_dir)
+
+
+def read_shard(run_dir: Path) -> ShardRun:
+    """A run folder as a shard: its history verified and sealed, its shard record read."""
+    from conformance.history_files import history_in
+    from conformance.reanalysis import refuse_unmatched
+
+    run = ShardRun(Path(run_dir))
+    path = history_in(run.run_dir)
+    if path is None:
+        run.problems.append(f"{run_dir}: no history.jsonl (or history.jsonl.gz): not a run folder")
+        return run
+    try:
+        events, reading = read_events(path)
+        integrity = verify(events)
+        if integrity.problems:
+            raise UsageError(f"{path} fails its integrity check: {integrity.line()}")
+        history = parse(events)
+        refuse_unmatched(run.run_dir, history)
+    except (UsageError, NotAHistory, OSError, ValueError, KeyError, TypeError) as exc:
+        run.problems.append(f"{run_dir}: {' '.join(str(exc).split())}")
+        return run
+    run.events, run.history = events, history
+    if integrity.status != VERIFIED:
+        run.problems.append(f"{run_dir}: {integrity.line()}; a campaign's shards must be sealed")
+    run.problems += [f"{run_dir}: {p}" for p in reading]
+    found = shard_of(history.meta)
+    if found is None:
+        run.problems.append(f"{run_dir}: not a shard (its run_start records none; run with --shard i/n)")
+    else:
+        run.shard, run.campaign_seed = found
+    if history.incomplete():
+        run.problems.append(f"{run.name}: {history.incomplete()}")
+    return run
+
+
+def campaign_problems(runs: Sequence[ShardRun]) -> tuple[list[str], int | None]:
+    """Why the given shards are not all of one campaign (missing, repeated, disagreeing), and its n."""
+    shards = [r for r in runs if r.shard is not None and r.history is not None]
+    if not shards:
+        return ["no shard of a campaign was given"], None
+    first = shards[0]
+    count = first.shard.count
+    problems = []
+    for r in shards[1:]:
+        if r.shard.count != count:
+            problems.append(f"{r.name} is of {r.shard.count} shards, {first.name} of {count}: not one campaign")
+        if r.campaign_seed != first.campaign_seed:
+            problems.append(f"{r.name} has campaign seed {r.campaign_seed!r}, {first.name} {first.campaign_seed!r}: "
+                            "not one campaign")
+        for key in SAME:
+            if r.history.meta.get(key) != first.history.meta.get(key):
+                problems.append(f"{r.name} differs from {first.name} in {key}: not one campaign")
+    seen: dict[int, ShardRun] = {}
+    for r in shards:
+        if r.shard.index in seen:
+            problems.append(f"shard {r.shard} given twice ({seen[r.shard.index].run_dir} and {r.run_dir})")
+        seen.setdefault(r.shard.index, r)
+    missing = [i for i in range(1, count + 1) if i not in seen]
+    if missing:
+        problems.append(f"shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing: {count} declared, "
+                        f"{len(seen)} given")
+    return problems, count
+
+
+def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int, int, ShardRun]]]:
+    """The shards' examples as one History, in shard order, renumbered; and each shard's example range
+    (first, past-last). Each shard's `run_end` and `completion` are left out (the campaign's end is
+    set here); its engine errors are kept, named by shard."""
+    builder = HistoryBuilder()
+    ranges = []
+    usable = sorted((r for r in runs if r.history is not None and r.shard is not None), key=lambda r: r.shard.index)
+    for k, run in enumerate(usable):
+        first, errors_before = len(builder.history.examples), len(builder.history.errors)
+        for ev in run.events:
+            kind = ev.get("event")
+            if kind in ("run_end", "completion", "interrupted") or (kind == "run_start" and k > 0):
+                continue
+            if kind == "example":
+                ev = {**ev, "index": first + int(ev.get("index", 0))}
+            builder.feed(ev)
+        h = builder.history
+        h.errors[errors_before:] = [f"{run.name}: {e}" for e in h.errors[errors_before:]]
+        ranges.append((first, len(h.examples), run))
+    h = builder.history
+    h.digest, h.in_flight = None, ()
+    h.meta = {k: v for k, v in h.meta.items() if k != "shard"}
+    h.meta["seed"] = "per shard"
+    h.meta["campaign"] = {"shards": len(usable), "campaign_seed": usable[0].campaign_seed if usable else None}
+    duration = sum(float((r.history.ended or {}).get("duration_s") or 0) for r in usable)
+    h.ended = {"event": "run_end", "examples": len(h.examples), "duration_s": round(duration, 3)}
+    return h, ranges
+
+
+def merge(run_dirs: Sequence[Path]) -> tuple[History, Analysis, dict[str, Any]]:
+    """The campaign's History, its analysis (errors include every shard's and the campaign's problems),
+    and the `campaign` block of its results.json."""
+    runs = [read_shard(Path(d)) for d in run_dirs]
+    problems, count = campaign_problems(runs)
+    history, ranges = combined_history(runs)
+    checks = history.meta.get("checks") or None
+    analysis = known.apply(history, analyse(history, checks))
+    analysis.errors[:0] = [p for r in runs for p in r.problems] + problems
+    block = {"count": count, "campaign_seed": history.meta["campaign"]["campaign_seed"],
+             "given": [str(r.run_dir) for r in runs],
+             "shards": [{"shard": str(run.shard), "run_dir": str(run.run_dir), "examples": [first, last],
+                         "seed": run.history.meta.get("seed"), "history_digest": run.history.digest,
+                         **recorded(run.run_dir)} for first, last, run in ranges],
+             "problems": [p for r in runs for p in r.problems] + problems}
+    return history, analysis, {**block, "_ranges": ranges}
+
+
+def recorded(run_dir: Path) -> dict[str, Any]:
+    """What the shard's own results.json states: its verdict and its findings' signatures (for the
+    table and for which shards found a finding; the verdict is judged from the histories). The file was
+    written from this very history (`refuse_unmatched` compared their digests)."""
+    from conformance.untrusted import read_json
+
+    try:
+        data = read_json(run_dir / "results.json", "results.json")
+        verdict = data.get("verdict")
+        found = [fd["signature"]["signature"] for fd in data.get("findings") or []]
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return {"verdict": None, "signatures": []}
+    return {"verdict": verdict if isinstance(verdict, str) else None,
+            "signatures": [s for s in found if isinstance(s, str)]}

@@ -1,0 +1,75 @@
+"""`kvparity campaign --shards N --out DIR RUN_ARGS...`: run N shards of one `kvparity run` at once (local
+processes, or Ray tasks with `--ray`) and merge them into one verdict, as `kvparity merge` does.
+
+RUN_ARGS are `kvparity run`'s (`--engine` and the rest; not `--shard` nor `--report-dir`: the campaign
+sets them). Shard folders go to DIR/shards/<i>/, the merged report to DIR. Exit codes as for `kvparity
+run`: the merged verdict's; a shard that left no run folder is missing, and the campaign is `error`."""
+
+from __future__ import annotations
+
+import argparse
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Sequence
+
+from conformance.arguments import positive_int
+from conformance.contract import UsageError
+from kvparity.parsing import UsageParser, output_dir, run_command, summary
+
+SET_BY_CAMPAIGN = ("--shard", "--report-dir")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = UsageParser(prog="kvparity campaign", description=summary(__doc__), allow_abbrev=False)
+    p.add_argument("--shards", type=positive_int, required=True, metavar="N", help="how many shards")
+    p.add_argument("--out", required=True, type=output_dir, metavar="DIR",
+                   help="the campaign folder: shards/<i>/ and the merged report")
+    p.add_argument("--ray", action="store_true",
+                   help="run the shards as Ray tasks (pip install 'kvparity[ray]'); none: local processes")
+    p.add_argument("--ray-address", default=None,
+                   help="with --ray: the cluster to join (none: RAY_ADDRESS, else a local Ray runtime)")
+    p.add_argument("--shard-cpus", type=float, default=1.0, help="with --ray: CPUs each shard's task asks for")
+    p.add_argument("--shard-gpus", type=float, default=0.0,
+                   help="with --ray: GPUs each shard's task asks for (1 for an engine on one GPU)")
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="without --ray: shards run at once (none: all of them)")
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The campaign's own options; everything else is `kvparity run`'s, checked here by its parser."""
+    from kvparity.commands.run import build_parser as run_parser
+
+    args, rest = build_parser().parse_known_args(argv)
+    for option in SET_BY_CAMPAIGN:
+        if any(a == option or a.startswith(option + "=") for a in rest):
+            raise UsageError(f"{option} is set by the campaign for each shard; leave it out")
+    if args.ray and find_spec("ray") is None:
+        raise UsageError("--ray: ray is not installed (pip install 'kvparity[ray]')")
+    run_parser().parse_args(rest)  # a bad run argument is refused before any shard starts
+    args.run_args = rest
+    return args
+
+
+def work(args: argparse.Namespace) -> int:
+    from conformance.campaign import run_campaign
+    from kvparity.commands.merge import main as merge_main
+
+    out = Path(args.out)
+    outcomes, run_dirs = run_campaign(args.run_args, args.shards, out, "ray" if args.ray else "local", args.jobs,
+                                      args.shard_cpus, args.shard_gpus, args.ray_address)
+    for i, o in enumerate(outcomes, start=1):
+        last = (o["tail"].strip().splitlines() or ["(no output)"])[-1]
+        print(f"shard {i}/{args.shards}: exit {o['exit']}, {o['run_dir'] or 'no run folder'}: {last}")
+    return merge_main([*map(str, run_dirs), "--out", str(out)]) if run_dirs else _none_left(args.shards)
+
+
+def _none_left(count: int) -> int:
+    from conformance.exit_codes import ExitCode
+
+    print(f"ERROR: none of the {count} shards left a run folder")
+    return ExitCode.ERROR
+
+
+def main(argv: Sequence[str] | None = None, session: object = None) -> int:
+    return run_command("kvparity campaign", parse, work, argv)

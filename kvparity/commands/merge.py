@@ -1,0 +1,52 @@
+"""`kvparity merge RUN_DIR... --out DIR`: one verdict and report for a campaign's shards (`kvparity run
+--shard i/n`), judged from their verified histories.
+
+`error` if a shard errored, is missing (n declared, fewer given), did not finish, or its history is not
+sealed and intact; findings are listed once across shards (by signature), coverage is summed. Exit codes
+as for `kvparity run`: the merged verdict's."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence
+
+from kvparity.parsing import UsageParser, output_dir, run_command, summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = UsageParser(prog="kvparity merge", description=summary(__doc__))
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="the shards' run folders")
+    p.add_argument("--out", required=True, type=output_dir, metavar="DIR",
+                   help="where the merged report goes (created; never a shard's folder)")
+    return p
+
+
+def work(args: argparse.Namespace) -> int:
+    from conformance.campaign_merge import merge
+    from conformance.campaign_report import write_campaign
+    from conformance.contract import UsageError
+
+    out = Path(args.out)
+    if any(out.resolve() == Path(d).resolve() for d in args.run_dirs):
+        raise UsageError(f"--out {out} is one of the shards' folders; the merged report goes elsewhere")
+    history, analysis, campaign = merge([Path(d) for d in args.run_dirs])
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        results = write_campaign(out, history, analysis, campaign)
+    except OSError as exc:
+        raise UsageError(f"cannot write the merged report in {out}: {exc}") from None
+    for name in analysis.checks:
+        print(f"{name:22s} {analysis.status(name)}")
+    for e in analysis.errors:
+        print(f"ERROR: {e}")
+    for fd in results["campaign"]["findings"]:
+        print(f"finding {fd['signature']} [{fd['check']}] {fd['title']} (shards {', '.join(fd['shards'])})")
+    given = len(results["campaign"]["shards"])
+    print(f"{analysis.verdict.upper()}: {given} of {campaign['count'] or '?'} shard(s), {len(history.examples)} "
+          f"examples, report {out}")
+    return analysis.exit_code
+
+
+def main(argv: Sequence[str] | None = None, session: object = None) -> int:
+    return run_command("kvparity merge", build_parser().parse_args, work, argv)

@@ -1,0 +1,63 @@
+"""`kvparity campaign --ray` (issue 32 item 4): 4 shards of the ci profile run as Ray tasks on a local Ray
+runtime merge to the same verdict as the same 4 shards run separately (`python -m kvparity run --shard
+i/4`, then `kvparity merge`); a campaign missing a shard is `error`. Skipped where ray is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvparity import cli
+
+pytest.importorskip("ray", reason="ray is not installed (pip install 'kvparity[ray]')")
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINE = "tests.fake_engine:FakeDictEngine"  # a FAKE engine: the campaign's own logic is under test
+
+
+def _run_args(db: Path) -> list[str]:
+    return ["--engine", ENGINE, "--profile", "ci", "--max-examples", "10", "--no-shrink", "--database", str(db)]
+
+
+def _separately(tmp_path: Path) -> list[Path]:
+    """The 4 shards as 4 plain `kvparity run --shard i/4` processes, as 4 CI jobs would run them."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-m", "kvparity", "run", *_run_args(tmp_path / "db-separate"),
+                               "--shard", f"{i}/4", "--report-dir", str(tmp_path / "separate" / str(i)), "-q"],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for i in range(1, 5)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    return [next((tmp_path / "separate" / str(i)).rglob("history.jsonl")).parent for i in range(1, 5)]
+
+
+def _summary(results: dict) -> tuple:
+    return (results["verdict"], {c: v["status"] for c, v in results["checks"].items()},
+            [(s["shard"], s["seed"], s["examples"]) for s in results["campaign"]["shards"]])
+
+
+def test_a_ray_campaign_merges_to_the_verdict_of_its_shards_run_separately(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    code = cli.main(["campaign", "--shards", "4", "--ray", "--out", str(tmp_path / "ray"),
+                     *_run_args(tmp_path / "db-ray")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    on_ray = json.loads((tmp_path / "ray" / "results.json").read_text())
+    assert on_ray["campaign"]["count"] == 4 and len(on_ray["campaign"]["shards"]) == 4
+
+    shard_dirs = _separately(tmp_path)
+    code = cli.main(["merge", *map(str, shard_dirs), "--out", str(tmp_path / "separate-merged")])
+    capsys.readouterr()
+    separate = json.loads((tmp_path / "separate-merged" / "results.json").read_text())
+    assert code == 0 and _summary(separate) == _summary(on_ray)
+
+    ray_shards = sorted((tmp_path / "ray" / "shards").glob("*/*/*/history.jsonl"))
+    code = cli.main(["merge", *[str(p.parent) for p in ray_shards[:3]], "--out", str(tmp_path / "three")])
+    printed = capsys.readouterr().out
+    assert code == 3 and "shard(s) 4/4 missing: 4 declared, 3 given" in printed, printed

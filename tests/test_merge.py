@@ -1,0 +1,154 @@
+"""`kvparity merge` (issue 32 item 3): one history-backed verdict over a campaign's shards. Both ways: all
+shards sound -> their verdict, coverage summed, findings once by signature; a shard missing, given twice,
+errored, unfinished, unsealed, tampered with, of another campaign or no shard at all -> `error`, exit 3."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conformance.shards import parse_shard
+from kvparity import cli
+
+
+def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: str = "fake") -> Path:
+    from conformance.run_config import RunConfig
+    from conformance.runner import run_suite
+    from fake_engine import FakeDictEngine
+
+    run_dir = root / name
+    run_dir.mkdir()
+    config = RunConfig(engine_name=engine, profile="ci", run_dir=run_dir, database_dir=root / f"db-{name}",
+                       max_examples=6, shrink=False, shard=parse_shard(shard) if shard else None)
+    run_suite(FakeDictEngine(bug=bug), config)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    return {"1": _shard(root, "clean-1", "1/2"), "2": _shard(root, "clean-2", "2/2"),
+            "crash-2": _shard(root, "crash-2", "2/2", bug="crash"),
+            "leak-1": _shard(root, "leak-1", "1/2", bug="salt_leak", engine="fake-leak"),
+            "leak-2": _shard(root, "leak-2", "2/2", bug="salt_leak", engine="fake-leak"),
+            "other-2": _shard(root, "other-2", "2/2", engine="fake-other"),
+            "plain": _shard(root, "plain", None)}
+
+
+def _merge(capsys, out: Path, *dirs: Path) -> tuple[int, dict, str]:
+    code = cli.main(["merge", *map(str, dirs), "--out", str(out)])
+    printed = capsys.readouterr().out
+    return code, json.loads((out / "results.json").read_text()), printed
+
+
+def _results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def test_all_shards_sound_merge_to_their_verdict_with_coverage_summed(runs, tmp_path, capsys):
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["1"], runs["2"])
+    one, two = _results(runs["1"]), _results(runs["2"])
+    assert code == 0 and merged["verdict"] == "pass" and not merged["errors"], printed
+    assert merged["examples"] == one["examples"] + two["examples"]
+    summed = merged["checks"]["exercised"]["stats"]
+    for stat in ("results", "cached_tokens", "situation:eviction"):
+        assert summed[stat] == one["checks"]["exercised"]["stats"][stat] + two["checks"]["exercised"]["stats"][stat]
+    block = merged["campaign"]
+    assert block["count"] == 2 and [s["shard"] for s in block["shards"]] == ["1/2", "2/2"] and not block["problems"]
+    assert [s["history_digest"] for s in block["shards"]] == [one["history_digest"], two["history_digest"]]
+    assert "## Campaign" in (tmp_path / "m" / "report.md").read_text()
+    assert (tmp_path / "m" / "junit.xml").is_file()
+
+
+def test_findings_are_listed_once_across_shards_by_signature(runs, tmp_path, capsys):
+    own = [{f["signature"]["signature"] for f in _results(runs[k])["findings"]} for k in ("leak-1", "leak-2")]
+    both = own[0] & own[1]
+    assert both, "each buggy shard finds the leak"
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["leak-1"], runs["leak-2"])
+    assert code == 1 and merged["verdict"] == "fail", printed
+    sigs = [f["signature"]["signature"] for f in merged["findings"]]
+    assert len(sigs) == len(set(sigs)) and set(sigs) == own[0] | own[1]
+    for f in merged["campaign"]["findings"]:
+        if f["signature"] in both:
+            assert f["shards"] == ["1/2", "2/2"]
+
+
+def test_a_missing_shard_makes_the_campaign_error(runs, tmp_path, capsys):
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["1"])
+    assert code == 3 and merged["verdict"] == "error"
+    assert any("2/2 missing" in e for e in merged["errors"]), merged["errors"]
+    assert "ERROR: shard(s) 2/2 missing: 2 declared, 1 given" in printed
+
+
+@pytest.mark.parametrize("second, says", [("crash-2", "shard 2/2"), ("1", "given twice"),
+                                          ("other-2", "not one campaign"), ("plain", "not a shard")])
+def test_an_errored_repeated_foreign_or_unsharded_shard_makes_the_campaign_error(runs, tmp_path, capsys, second, says):
+    code, merged, _ = _merge(capsys, tmp_path / "m", runs["1"], runs[second])
+    assert code == 3 and merged["verdict"] == "error"
+    assert any(says in e for e in merged["errors"]), merged["errors"]
+
+
+def _copy(run_dir: Path, to: Path) -> Path:
+    shutil.copytree(run_dir, to)
+    return to
+
+
+def test_a_tampered_history_makes_the_campaign_error(runs, tmp_path, capsys):
+    two = _copy(runs["2"], tmp_path / "two")
+    lines = (two / "history.jsonl").read_text().splitlines()
+    k = next(i for i, line in enumerate(lines) if '"cached_tokens"' in line)
+    lines[k] = lines[k].replace('"cached_tokens":0', '"cached_tokens":1', 1).replace('"cached_tokens": 0', '"cached_tokens": 1', 1)
+    (two / "history.jsonl").write_text("\n".join(lines) + "\n")
+    code, merged, _ = _merge(capsys, tmp_path / "m", runs["1"], two)
+    assert code == 3 and any("integrity" in e for e in merged["errors"]), merged["errors"]
+
+
+def test_an_unfinished_shard_makes_the_campaign_error(runs, tmp_path, capsys):
+    two = _copy(runs["2"], tmp_path / "two")
+    (two / "results.json").unlink()  # its process was killed before any verdict was written
+    lines = (two / "history.jsonl").read_text().splitlines()
+    (two / "history.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # no run_end
+    code, merged, _ = _merge(capsys, tmp_path / "m", runs["1"], two)
+    assert code == 3 and any("did not finish" in e for e in merged["errors"]), merged["errors"]
+
+
+def test_an_unsealed_legacy_history_makes_the_campaign_error(runs, tmp_path, capsys):
+    two = _copy(runs["2"], tmp_path / "two")
+    (two / "results.json").unlink()
+    events = [json.loads(line) for line in (two / "history.jsonl").read_text().splitlines()]
+    for ev in events:
+        for key in ("chain", "sealed", "events"):
+            ev.pop(key, None)
+    (two / "history.jsonl").write_text("".join(json.dumps(ev) + "\n" for ev in events))
+    code, merged, _ = _merge(capsys, tmp_path / "m", runs["1"], two)
+    assert code == 3 and any("legacy" in e for e in merged["errors"]), merged["errors"]
+
+
+def test_the_merged_report_never_goes_into_a_shard(runs, capsys):
+    code = cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", str(runs["1"])])
+    err = capsys.readouterr().err
+    assert code == 3 and len(err.strip().splitlines()) == 1 and "--out" in err
+
+
+def test_a_local_campaign_runs_its_shards_and_merges_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine",
+                     "tests.fake_engine:FakeDictEngine", "--engine-arg", "bug=salt_leak", "--profile", "ci",
+                     "--max-examples", "6", "--no-shrink", "--database", str(tmp_path / "db")])
+    printed = capsys.readouterr().out
+    merged = json.loads((tmp_path / "c" / "results.json").read_text())
+    assert code == 1 and merged["verdict"] == "fail" and merged["campaign"]["count"] == 2, printed
+    assert [s["shard"] for s in merged["campaign"]["shards"]] == ["1/2", "2/2"]
+
+
+@pytest.mark.parametrize("extra, says", [(["--shard", "1/2"], "--shard is set by the campaign"),
+                                         (["--report-dir", "x"], "--report-dir is set by the campaign"),
+                                         (["--bogus"], "unrecognized arguments")])
+def test_a_campaign_refuses_bad_run_arguments_before_any_shard(extra, says, tmp_path, capsys):
+    code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine", "reference", *extra])
+    err = capsys.readouterr().err
+    assert code == 3 and says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "c" / "shards").exists()
