@@ -613,3 +613,7 @@ class TF32HitLogits(Engine):
         logits = low(torch.tensor(seq.tokens), torch.arange(n), DenseKV(low.config, model.dtype),
                      torch.tensor([n - 1]))
         return int(logits[0].argmax())
+
+
+# The abort path's faults (issue 30) live in their own module and register themselves here.
+from reference_engine import faults_midflight  # noqa: E402,F401
