@@ -398,3 +398,5 @@ def context_filled(h: History) -> int:
            relevant=lambda caps: False)
 def refused_past_limit(h: History) -> int:
     return sum(1 for b in h.batches() for _ in b.pairs(refused=True))
+
+from conformance import situations_midflight  # noqa: E402,F401  (the timeline's situations, issue 30)
