@@ -41,7 +41,7 @@ from attrs import field, frozen
 
 from adapters.engine_args import int_arg, parse, to_bool, to_choice, to_int
 from adapters.landmarks import shipped_landmarks
-from adapters.reference_timeline import Timed, run_timeline
+from reference_engine.timeline import Timed, run_timeline
 from conformance.contract import Baseline, Capabilities, EngineError, Knob, Request, Result, UsageError
 from reference_engine.baseline import greedy
 from reference_engine.config import DRAFTER_NAMES, EngineConfig
@@ -245,7 +245,7 @@ class ReferenceAdapter:
 
     def _run(self, kept: list[tuple[Request, EngineRequest]]) -> list[Result]:
         """A plain batch through `generate`; one with a timeline (an arrival step or an abort point)
-        step by step along it (adapters/reference_timeline.py), each result saying where it arrived and
+        step by step along it (reference_engine/timeline.py), each result saying where it arrived and
         ended."""
         if all(q.arrive_at_step is None and q.abort_after is None for q, _ in kept):
             return [self._result(rep) for rep in self.engine.generate([r for _, r in kept])]

@@ -12,7 +12,7 @@ continuation) sent again, under the same identity; under another, nothing may be
 So the batch is drawn around one leader prompt (from the pool half the time: a prefix the cache already
 holds, so members share cached blocks too): the leader first, sharers of its prefix arriving at drawn
 steps, each with an abort point drawn from its whole domain, 0 .. max_tokens, weighted at the
-boundaries — 0 (during prefill), max_tokens - 1 (one token short), and the point where prompt + output
+boundaries (twice as often as the rest) — 0 (during prefill), max_tokens - 1 (one token short), and the point where prompt + output
 fills a block exactly (the last block full of tokens, its last slot not yet written). Half the time a
 scheduling knob is switched first (chunk size, token budget: whatever the engine declares with role
 "schedule"), so prefills take several steps and an abort can land inside one.
@@ -45,12 +45,18 @@ def _reschedule(s: Stream) -> None:
     s.configure({**s.current, knob: s.draw(st.sampled_from(others))})
 
 
+def abort_edges(bs: int, prompt_len: int, budget: int) -> list[int]:
+    """The boundary abort points: 0 (during prefill), max_tokens - 1 (one token short) and the output
+    length at which prompt + output ends on a block edge (where one falls within max_tokens)."""
+    fill = (-prompt_len) % bs
+    return sorted({0, max(0, budget - 1)} | ({fill} if fill < budget else set()))
+
+
 def abort_points(s: Stream, prompt_len: int, budget: int) -> st.SearchStrategy[int | None]:
     """An abort point from the whole domain 0 .. max_tokens (max_tokens: too late, the request has
     finished), the boundaries first; None (not aborted) now and then."""
-    fill = (-prompt_len) % s.bs  # output tokens after which prompt + output ends on a block edge
-    edges = sorted({0, max(0, budget - 1)} | ({fill} if fill < budget else set()))
-    return st.one_of(st.sampled_from(edges), st.integers(0, budget), st.none())
+    edges = abort_edges(s.bs, prompt_len, budget)
+    return st.one_of(st.sampled_from(edges), st.integers(0, budget), st.sampled_from(edges), st.none())
 
 
 def _timed(s: Stream, r: Request) -> Request:
@@ -88,11 +94,11 @@ def midflight(s: Stream) -> tuple:
     timed[0] = evolve(timed[0], arrive_at_step=None)  # something runs from the first step
     s.add_batch(tuple(timed))
     aborted = [r for r in timed if r.abort_after is not None] or timed[:1]
-    again: list = [renamed(r, s.next_id(), s.top) for r in aborted]
+    victim = s.draw(st.sampled_from(aborted))
+    again: list = [Continuation(s.next_id(), victim.id, s.draw(token_lists(s.caps, s.draw(st.integers(1, s.bs)))),
+                                s.draw(max_tokens(s.caps)), (), victim.identity, s.top)]
     others = [i for i in s.identities if i != leader.identity]
     if others and s.draw(st.booleans()):
         again.append(evolve(renamed(aborted[0], s.next_id(), s.top), identity=s.draw(st.sampled_from(others))))
-    victim = s.draw(st.sampled_from(aborted))
-    again.append(Continuation(s.next_id(), victim.id, s.draw(token_lists(s.caps, s.draw(st.integers(1, s.bs)))),
-                              s.draw(max_tokens(s.caps)), (), victim.identity, s.top))
+    again += [renamed(r, s.next_id(), s.top) for r in aborted]
     return tuple(again[:s.max_batch])

@@ -399,4 +399,6 @@ def context_filled(h: History) -> int:
 def refused_past_limit(h: History) -> int:
     return sum(1 for b in h.batches() for _ in b.pairs(refused=True))
 
-from conformance import situations_midflight  # noqa: E402,F401  (the timeline's situations, issue 30)
+from conformance.situations_midflight import TIMELINE_SITUATIONS  # noqa: E402  (the timeline's, issue 30)
+for _count, _kwargs in TIMELINE_SITUATIONS:
+    situation(**_kwargs)(_count)

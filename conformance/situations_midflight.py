@@ -3,14 +3,48 @@ what an aborted request left behind asked for again. Registered into `situations
 at the end of conformance/situations.py); relevant only to an engine that declares the part of the
 timeline they need (`Capabilities.timeline`), counted from what each result says really happened
 (`arrived_at_step`, `ended_at_step`, finish_reason "abort"), never from what was asked.
+
+This module imports nothing of `conformance.situations` (no import cycle): it lists its situations in
+`TIMELINE_SITUATIONS`, with the decorator's arguments, and `situations` registers them.
 """
 
 from __future__ import annotations
 
 from conformance.contract import Capabilities
 from conformance.history import History
-from conformance.history_facts import lcp
-from conformance.situations import _block, _epochs, _results, situation
+from conformance.history_facts import config_block_size, lcp
+
+TIMELINE_SITUATIONS: list[tuple] = []  # (count function, the `situations.situation` keyword arguments)
+
+
+def situation(**kwargs) -> object:
+    def deco(fn):
+        TIMELINE_SITUATIONS.append((fn, kwargs))
+        return fn
+    return deco
+
+
+def _block(h: History, b) -> int:
+    return config_block_size(b.config, h.capabilities.block_size if h.capabilities else 16)
+
+
+def _results(h: History):
+    for b in h.batches():
+        for _, q, r in b.pairs():
+            yield b, q, r
+
+
+def _epochs(h: History):
+    """Each example's batches, one cache epoch (reset to reset) at a time: reuse is only possible within one."""
+    for ex in h.examples:
+        run: list = []
+        for b in ex.batches:
+            if run and b.epoch != run[-1].epoch:
+                yield run
+                run = []
+            run.append(b)
+        if run:
+            yield run
 
 
 def _arrival(caps: Capabilities) -> bool:

@@ -286,7 +286,8 @@ STEP_KINDS: dict[str, StepKind] = {k.name: k for k in (
 # Weighted by repetition: reuse (resend / continue / poison) is where the bugs are. "batch" comes first
 # because Hypothesis shrinks towards the first element; a kind that does not apply yet draws a batch.
 KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset",
-         "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop", "midflight", "midflight")
+         "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop", "midflight", "midflight",
+         "midflight")
 
 
 def draw_step(s: Stream, name: str) -> None:

@@ -1,7 +1,8 @@
 """Faults of the abort path (issue 30): KV of a request stopped mid-flight that is served although it was
 never fully written, and a shared block's reference dropped twice.
 
-Registered into the zoo (`faults.FAULTS`) by `faults.py`, which imports this module last; kept apart
+Registered into the zoo (`faults.FAULTS`) by `faults.py`, from `MIDFLIGHT` (this module imports nothing
+of the zoo's, so the two form no import cycle); kept apart
 because the zoo's module is long and these three share one helper and one situation: a request aborted
 (or preempted) while a block of its table holds tokens whose KV is not written yet — the tail of a
 block that a chunked prefill stopped inside, or the last block of prompt + output when it ends on a
@@ -12,10 +13,21 @@ from __future__ import annotations
 
 from reference_engine.block_pool import BlockPool
 from reference_engine.engine import Engine
-from reference_engine.faults import fault
 from reference_engine.prefix_cache import PrefixCache
 from reference_engine.scheduler import Scheduler
 from reference_engine.sequence import Report, Sequence
+
+# name -> (bug class, method, summary, mechanism, expected checks, supporting classes); the class is
+# added by `_registered` below each class, in the order of `faults.fault`'s arguments.
+MIDFLIGHT: dict[str, tuple] = {}
+
+
+def _registered(name: str, bug_class: str, method: str, summary: str, mechanism: str, expected: tuple[str, ...],
+                also: tuple[type, ...] = ()):
+    def deco(cls: type) -> type:
+        MIDFLIGHT[name] = (cls, bug_class, method, summary, mechanism, expected, also)
+        return cls
+    return deco
 
 
 def publish_known(cache: PrefixCache, seq: Sequence, identity: object) -> None:
@@ -32,7 +44,7 @@ def publish_known(cache: PrefixCache, seq: Sequence, identity: object) -> None:
         seq.block_keys.append(key)
 
 
-@fault("aborted_blocks_published", "B", "abort",
+@_registered("aborted_blocks_published", "B", "abort",
        "an aborted request's blocks are inserted into the prefix cache, the ones not fully written too",
        "SGLang PR 28374 (2026-06): KV of aborted requests was inserted into the radix prefix cache, so later "
        "requests with the same prefix reused invalid KV",
@@ -45,7 +57,7 @@ class AbortedBlocksPublished(Engine):
         return super().abort(request_id)
 
 
-@fault("schedule_registration_kept", "B", "release_blocks",
+@_registered("schedule_registration_kept", "B", "release_blocks",
        "blocks registered when scheduled are not rolled back when their request is aborted or preempted "
        "before the write",
        "vLLM PR 43569 (2026-05): blocks are registered in the prefix cache when scheduled, before the worker "
@@ -79,7 +91,7 @@ class UncheckedRelease(BlockPool):
         self._recycle(bid)
 
 
-@fault("abort_double_release", "D", "finish",
+@_registered("abort_double_release", "D", "finish",
        "on abort, every block shared with the prefix cache has its reference released twice",
        "SGLang abort cleanup (PRs 40334, 40600, 40262: tiered-cache locks and markers released on abort "
        "beside the normal release path); a shared block then counts one holder too few, is evictable while "

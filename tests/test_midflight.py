@@ -6,15 +6,17 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, find, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from adapters.reference import ReferenceAdapter
 from conformance.contract import Capabilities, Identity, Request, Result, evolve
 from conformance.history_codec import encode, request_from, result_from
-from conformance.scenario import Batch, Configure, renamed, step_from_json, step_to_json
+from conformance.midflight_steps import MAX_ARRIVAL, abort_edges, midflight
+from conformance.scenario import Batch, Configure, Continuation, renamed, step_from_json, step_to_json
 from conformance.scenario_runner import replay
 from conformance.strategies import scenarios
 from conformance.situations import SITUATIONS
+from conformance.stream import Stream
 from test_conformance_checks import CAPS, Crafted, req, res
 
 RNG = random.Random(30)
@@ -126,13 +128,25 @@ def test_no_timeline_is_drawn_where_none_is_declared(data):
     assert not _timed(data.draw(scenarios(evolve(CAPS, timeline=frozenset()), max_steps=8)))
 
 
-def test_midflight_draws_arrivals_and_aborts_at_the_boundaries_where_declared():
-    caps = evolve(TIMED, max_context=64)
-    for point in (0, "max-1"):
-        steps = find(scenarios(caps, max_steps=8), lambda ss: any(
-            r.abort_after == (point if point == 0 else r.max_tokens - 1) and r.max_tokens > 1
-            and r.arrive_at_step for r in _timed(ss)), settings=SMALL.__class__(max_examples=500, database=None))
-        assert _timed(steps)
+def test_abort_edges_are_prefill_one_short_and_the_block_edge():
+    assert abort_edges(4, 10, 6) == [0, 2, 5]  # 10 + 2 output tokens = 12, three blocks of 4
+    assert abort_edges(4, 8, 6) == [0, 5]  # an aligned prompt: its block edge is the prefill's
+    assert abort_edges(16, 10, 1) == [0]
+
+
+@SMALL
+@given(st.data())
+def test_midflight_times_a_batch_then_resends_its_aborted_prompts_plainly(data):
+    s = Stream(data.draw, evolve(TIMED, max_context=64))
+    s.add_batch((s.fresh_request(),))
+    resend = midflight(s)
+    timed = [r for r in s.steps[-1].items]
+    assert timed[0].arrive_at_step is None
+    for r in timed:
+        assert r.arrive_at_step is None or 0 <= r.arrive_at_step <= MAX_ARRIVAL
+        assert r.abort_after is None or 0 <= r.abort_after <= r.max_tokens
+    assert not _timed([Batch(resend)])  # sent again plainly (a Continuation carries no timeline)
+    assert isinstance(resend[0], Continuation) and resend[0].parent in {r.id for r in timed}
 
 
 def test_the_timeline_situations_are_registered_and_relevant_only_where_declared():

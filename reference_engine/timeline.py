@@ -3,7 +3,7 @@ at its arrival step, each aborted once it has produced its abort point's tokens.
 
 Why a driver of its own rather than `Engine.generate`: a plain batch is submitted whole before the first
 step and run to its end, so no request can arrive while another is mid-prefill, and nothing can be
-aborted. Here the adapter holds the step loop, as a serving front end does, and records where each
+aborted. Here the caller (the reference adapter) holds the step loop, as a serving front end does, and records where each
 request really arrived and ended — in engine steps, the unit the reference engine is precise in.
 
 The rules, stated once:
