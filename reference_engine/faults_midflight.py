@@ -22,6 +22,12 @@ from reference_engine.sequence import Report, Sequence
 MIDFLIGHT: dict[str, tuple] = {}
 
 
+# Unwritten KV served shows in whichever output the hit feeds (a later request's, a sharer's partial one)
+# and, where the published block carried a rejected draft slot, in the pool at rest.
+PUBLISHED_EXPECTED = ("parity", "abort_prefix", "history_independence", "schedule_independence", "spec_independence",
+                      "eviction_safety", "isolation", "rollback_hygiene")
+
+
 def _registered(name: str, bug_class: str, method: str, summary: str, mechanism: str, expected: tuple[str, ...],
                 also: tuple[type, ...] = ()):
     def deco(cls: type) -> type:
@@ -48,7 +54,7 @@ def publish_known(cache: PrefixCache, seq: Sequence, identity: object) -> None:
        "an aborted request's blocks are inserted into the prefix cache, the ones not fully written too",
        "SGLang PR 28374 (2026-06): KV of aborted requests was inserted into the radix prefix cache, so later "
        "requests with the same prefix reused invalid KV",
-       ("parity", "history_independence", "schedule_independence"))
+       PUBLISHED_EXPECTED)
 class AbortedBlocksPublished(Engine):
     def abort(self, request_id: str) -> Report | None:
         seq = self.live.get(request_id)
@@ -64,7 +70,7 @@ class AbortedBlocksPublished(Engine):
        "writes them; a request preempted or aborted before the write leaves a hash entry that a later "
        "request hits, reading memory nobody wrote (also vLLM PR 50283, a block committed at schedule time "
        "not evicted when its request aborts)",
-       ("parity", "history_independence", "schedule_independence"))
+       PUBLISHED_EXPECTED)
 class ScheduleRegistrationKept(Scheduler):
     def release_blocks(self, seq: Sequence) -> None:
         # A normal finish rolls nothing back wrongly here; an abort (finish_reason "abort") or a
