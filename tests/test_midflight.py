@@ -184,3 +184,17 @@ def test_a_shared_block_released_twice_on_abort_is_caught_at_rest():
     steps = [Batch([Request("w", PROMPT[:20], 2)]), Batch([Request("a", PROMPT, 6, abort_after=1)])]
     result, crashed = replay(engine, engine.capabilities(), steps, "rollback_hygiene")
     assert crashed is None and result.status == "fail"
+
+
+def test_an_aborted_request_is_no_positive_control_for_its_repeat():
+    """Aborted during prefill, a prompt may have written no full block: its exact repeat missing the
+    cache is no sign of a broken cache (the control must not fail the unfaulted engine)."""
+    long = evolve(req("a", tuple(range(10, 22))), abort_after=0)
+    again = req("b", tuple(range(10, 22)))
+    h = (Crafted(TIMED).batch((long, res("a", [], "abort"))).baseline(long, [5, 6, 7])
+         .batch((again, res("b", [5, 6, 7], cached=0))).baseline(again, [5, 6, 7]))
+    assert not [f for f in h.failures("exercised") if f.title == "exact repeat reported no cache hit"]
+    plain = evolve(long, abort_after=None)
+    h = (Crafted(TIMED).batch((plain, res("a", [5, 6, 7]))).baseline(plain, [5, 6, 7])
+         .batch((again, res("b", [5, 6, 7], cached=0))).baseline(again, [5, 6, 7]))
+    assert [f.title for f in h.failures("exercised")] == ["exact repeat reported no cache hit"]
