@@ -61,16 +61,20 @@ def _aborted(h: History):
             yield b, q, r
 
 
-@situation(title="a request arrived while an earlier one sharing a block of its prompt was still in prefill",
-           claim="arrival while others run", relevant=_arrival)
+def _running_at(s, step: int) -> bool:
+    """Had the request arrived before `step` and not yet ended (its KV still being written)?"""
+    return s.arrived_at_step < step and (s.ended_at_step is None or step < s.ended_at_step)
+
+
+@situation(title="a request arrived while an earlier one sharing a block of its prompt was still running "
+                 "(its KV still being computed)", claim="arrival while others run", relevant=_arrival)
 def arrival_during_sharer_prefill(h: History) -> int:
     n = 0
     for b in h.batches():
         bs = _block(h, b)
         ran = [(q, r) for _, q, r in b.pairs() if r.arrived_at_step is not None]
         for q, r in ran:
-            n += any(p.identity == q.identity and lcp(p.prompt, q.prompt) >= bs
-                     and s.arrived_at_step < r.arrived_at_step < s.arrived_at_step + max(1, s.prefill_chunks or 1)
+            n += any(p.identity == q.identity and lcp(p.prompt, q.prompt) >= bs and _running_at(s, r.arrived_at_step)
                      for p, s in ran if p is not q)
     return n
 
