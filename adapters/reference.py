@@ -43,6 +43,7 @@ from adapters.engine_args import int_arg, parse, to_bool, to_choice, to_int
 from adapters.landmarks import shipped_landmarks
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 from conformance.knobs import Knob
+from reference_engine.timeline import Timed, run_timeline
 from reference_engine.baseline import greedy
 from reference_engine.config import DRAFTER_NAMES, EngineConfig
 from reference_engine.engine import Engine
@@ -197,7 +198,8 @@ class ReferenceAdapter:
                            for digest in sorted(self.registry.known_weights())),
             introspection=self.introspection, baseline_mode=True, tolerance=0.0, refuses=True,
             oracle="reference baseline (plain greedy decoding, float64, same weights)",
-            knobs=KNOB_TABLE, min_hit_prompt=c.block_size + 1, landmarks=shipped_landmarks())
+            knobs=KNOB_TABLE, min_hit_prompt=c.block_size + 1, landmarks=shipped_landmarks(),
+            timeline=frozenset({"arrival", "abort"}))
 
     def configure(self, config: Mapping[str, Any]) -> None:
         self.config = self.args.with_knobs({k: str(v) for k, v in config.items()}).engine_config()
@@ -234,15 +236,25 @@ class ReferenceAdapter:
                     self.engine.check_request(r.request_id, r.prompt, r.max_tokens, r.identity)
                 except (ContextOverflowError, PoolExhaustedError) as e:
                     refused[r.request_id] = Result(r.request_id, (), "refused", extra={"refusal": str(e)})
-            ran = iter(self.engine.generate([r for r in batch if r.request_id not in refused]) if len(refused) < len(batch)
-                       else ())
-            return [refused.get(r.request_id) or self._result(next(ran)) for r in batch]
+            kept = [(q, r) for q, r in zip(requests, batch) if r.request_id not in refused]
+            ran = iter(self._run(kept) if kept else ())
+            return [refused.get(r.request_id) or next(ran) for r in batch]
         except (ReferenceEngineError, PoolExhaustedError) as e:
             raise UsageError(f"{type(e).__name__}: {e}") from e
         except UsageError:
             raise
         except Exception as e:
             raise EngineError(f"reference engine: {type(e).__name__}: {e}") from e
+
+    def _run(self, kept: list[tuple[Request, EngineRequest]]) -> list[Result]:
+        """A plain batch through `generate`; one with a timeline (an arrival step or an abort point)
+        step by step along it (reference_engine/timeline.py), each result saying where it arrived and
+        ended."""
+        if all(q.arrive_at_step is None and q.abort_after is None for q, _ in kept):
+            return [self._result(rep) for rep in self.engine.generate([r for _, r in kept])]
+        ended = run_timeline(self.engine, [Timed(r, q.arrive_at_step, q.abort_after) for q, r in kept])
+        return [attrs.evolve(self._result(e.report), arrived_at_step=e.arrived_at_step, ended_at_step=e.ended_at_step)
+                for e in ended]
 
     def snapshot(self) -> Mapping[str, Any]:
         return self.engine.snapshot()

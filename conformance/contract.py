@@ -54,9 +54,15 @@ class Request:
     max_tokens: int
     stop_ids: tuple[int, ...] = field(default=(), converter=_tuple_of_ints)
     identity: Identity = field(factory=Identity)
+    # The request's timeline (issue 30), drawn only where `Capabilities.timeline` declares it: the engine
+    # step at which it is submitted (None: before the first step, like every request of a plain batch),
+    # and the number of output tokens after which it is aborted (0: during prefill; None: never).
+    arrive_at_step: int | None = None
+    abort_after: int | None = None
 
     def oracle_key(self) -> tuple:
-        """What plain greedy decoding depends on: tokens, limits and the weights (not the salt)."""
+        """What plain greedy decoding depends on: tokens, limits and the weights (not the salt, nor the
+        timeline: an aborted request's partial output is judged against the plain decoding of it whole)."""
         return (self.identity.revision, self.identity.adapter, self.identity.adapter_digest,
                 self.prompt, self.max_tokens, self.stop_ids)
 
@@ -78,6 +84,10 @@ def _logprobs(values: Sequence[Sequence[Sequence[float]]] | None) -> tuple[tuple
         return tuple(tuple((t, g) for t, g in step) for step in values)
     except (TypeError, ValueError):
         return values  # type: ignore[return-value]  # validation.result names what is wrong
+
+
+# The parts of a request's timeline an engine may honour (`Capabilities.timeline`).
+TIMELINE = ("arrival", "abort")
 
 
 @frozen
@@ -102,6 +112,11 @@ class Result:
     evictions: int | None = None  # blocks (or KV positions) evicted while serving this request
     prefill_chunks: int | None = None  # pieces the uncached prompt was prefilled in; > 1 means chunked
     preempted: bool | None = None  # the request was preempted and resumed
+    # Where the request really arrived and ended, in engine steps (engines honouring a timeline): an
+    # arrival may come earlier than asked when the engine was idle, and an abort that came too late (the
+    # request had finished) is recorded by its real finish_reason, never claimed as "abort".
+    arrived_at_step: int | None = None
+    ended_at_step: int | None = None
     extra: Mapping[str, Any] = field(factory=dict)
     # Per output position: the engine's top-k (token id, log-probability) pairs, best first, plus the
     # token it chose where that is not among them (`Capabilities.logprobs_k`; logprob_parity reads it).
@@ -227,6 +242,10 @@ class Capabilities:
     # The largest |logprob(engine) - logprob(oracle)| logprob_parity accepts: a calibration's measured
     # epsilon (`kvparity run --calibration`), never declared by an adapter; None: the check is not run.
     logprob_epsilon: float | None = None
+    # Which parts of a request's timeline the engine honours step-precisely (TIMELINE): "arrival" (a
+    # request submitted while others run) and "abort" (a request stopped after N output tokens). What is
+    # not declared is never drawn.
+    timeline: frozenset[str] = field(default=frozenset(), converter=frozenset)
 
     def __init__(self, *args: Any, config_space: Mapping[str, Sequence[Any]] | None = None,
                  knob_roles: Mapping[str, str] | None = None,

@@ -57,7 +57,13 @@ def identity_from(d: Mapping[str, Any] | None) -> Identity:
 
 def request_from(d: Mapping[str, Any]) -> Request:
     return Request(id=d["id"], prompt=d["prompt"], max_tokens=int(d["max_tokens"]),
-                   stop_ids=d.get("stop_ids", ()), identity=identity_from(d.get("identity")))
+                   stop_ids=d.get("stop_ids", ()), identity=identity_from(d.get("identity")),
+                   arrive_at_step=_opt_int(d.get("arrive_at_step")), abort_after=_opt_int(d.get("abort_after")))
+
+
+def _opt_int(v: Any) -> int | None:
+    """A timeline field: absent in histories written before timelines (issue 30), None there."""
+    return None if v is None else int(v)
 
 
 def result_from(d: Mapping[str, Any]) -> Result:
@@ -73,6 +79,7 @@ def result_from(d: Mapping[str, Any]) -> Result:
                   top2=None if top2 is None else tuple(tuple(t) for t in top2),
                   timings=dict(d.get("timings") or {}), evictions=d.get("evictions", extra.get("evictions")),
                   prefill_chunks=chunks, preempted=d.get("preempted", extra.get("preempted")), extra=extra,
+                  arrived_at_step=_opt_int(d.get("arrived_at_step")), ended_at_step=_opt_int(d.get("ended_at_step")),
                   logprobs=d.get("logprobs"))  # absent in histories written before logprobs existed
 
 

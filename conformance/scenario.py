@@ -54,10 +54,11 @@ Step = Union[Configure, Reset, Batch]
 
 def renamed(item: Union[Request, Continuation], new_id: str, top: int) -> Union[Request, Continuation]:
     """`item` again under a new id, its prompt kept within `top` (a smaller configuration may hold less
-    than the one it was first sent under)."""
+    than the one it was first sent under). A resend is plain: the timeline it was first sent with (an
+    arrival step, an abort point) is not carried over."""
     if isinstance(item, Continuation):
         return evolve(item, id=new_id, max_prompt=min(item.max_prompt, top))
-    return evolve(item, id=new_id, prompt=item.prompt[:top])
+    return evolve(item, id=new_id, prompt=item.prompt[:top], arrive_at_step=None, abort_after=None)
 
 
 # --------------------------------------------------------------------------- (de)serialising steps

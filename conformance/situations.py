@@ -384,3 +384,7 @@ def context_filled(h: History) -> int:
            relevant=lambda caps: False)
 def refused_past_limit(h: History) -> int:
     return sum(1 for b in h.batches() for _ in b.pairs(refused=True))
+
+from conformance.situations_midflight import TIMELINE_SITUATIONS  # noqa: E402  (the timeline's, issue 30)
+for _count, _kwargs in TIMELINE_SITUATIONS:
+    situation(**_kwargs)(_count)

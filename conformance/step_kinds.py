@@ -10,6 +10,7 @@ from conformance import step_counts
 from conformance.contract import EosPath, Identity, Request
 from conformance.domains import (adapter_bindings, context_limit, max_tokens, nearest_by_input, stop_ids,
                                  token_lists)
+from conformance.midflight_steps import applies as midflight_applies, midflight
 from conformance.scenario import MAX_NEW, Continuation, Reset, renamed
 from conformance.stream import StepKind, Stream
 
@@ -279,12 +280,14 @@ STEP_KINDS: dict[str, StepKind] = {k.name: k for k in (
     StepKind("reload", _reload, lambda s: bool(_reloadable(s))),
     StepKind("sharers", _sharers, lambda s: s.max_batch > 1),
     StepKind("reset", _reset),
+    StepKind("midflight", midflight, midflight_applies),
 )}
 
 # Weighted by repetition: reuse (resend / continue / poison) is where the bugs are. "batch" comes first
 # because Hypothesis shrinks towards the first element; a kind that does not apply yet draws a batch.
 KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset",
-         "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop")
+         "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop", "midflight", "midflight",
+         "midflight")
 
 
 def draw_step(s: Stream, name: str) -> None:

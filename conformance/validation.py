@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from conformance.contract import FINISH_REASONS, Baseline, Capabilities, EngineError, Request, Result
-
+from conformance.contract import FINISH_REASONS, TIMELINE, Baseline, Capabilities, EngineError, Request, Result
 from conformance.knobs import KNOB_ROLES
 
 
@@ -75,6 +74,8 @@ def capabilities(caps: Any) -> Capabilities:
     if not isinstance(caps.oracle, str):
         raise EngineError(f"capabilities().oracle is {caps.oracle!r}, not a string")
     json_safe(dict(caps.config_space), "capabilities().config_space")
+    if not caps.timeline <= set(TIMELINE):
+        raise EngineError(f"capabilities().timeline {sorted(map(str, caps.timeline))} names other than {', '.join(TIMELINE)}")
     marks = caps.landmarks
     for i, path in enumerate(marks.eos_paths):
         _tokens(path.prompt + path.continuation, caps.vocab_size, f"capabilities().landmarks.eos_paths[{i}]")
@@ -112,7 +113,8 @@ def result(q: Request, r: Any, caps: Capabilities) -> None:
     _tokens(r.output, caps.vocab_size, f"{where}: output")
     if r.finish_reason == "refused" and r.output:
         raise EngineError(f"{where}: a refused request has no output, got {len(r.output)} tokens")
-    for name in ("cached_tokens", "draft_proposed", "draft_accepted", "evictions", "prefill_chunks"):
+    for name in ("cached_tokens", "draft_proposed", "draft_accepted", "evictions", "prefill_chunks",
+                 "arrived_at_step", "ended_at_step"):
         _count(getattr(r, name), f"{where}: {name}")
     if r.preempted is not None and not isinstance(r.preempted, bool):
         raise EngineError(f"{where}: preempted is {r.preempted!r}, not true, false or None")

@@ -636,3 +636,10 @@ class TF32HitLogits(Engine):
         logits = low(torch.tensor(seq.tokens), torch.arange(n), DenseKV(low.config, model.dtype),
                      torch.tensor([n - 1]))
         return int(logits[0].argmax())
+
+
+# The abort path's faults (issue 30) live in their own module; registered here like the others.
+from reference_engine.faults_midflight import MIDFLIGHT  # noqa: E402
+
+for _name, (_cls, _bug, _method, _summary, _mechanism, _expected, _also) in MIDFLIGHT.items():
+    fault(_name, _bug, _method, _summary, _mechanism, _expected, _also)(_cls)

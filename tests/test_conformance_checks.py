@@ -80,7 +80,7 @@ Q = req("q", P)
 def test_every_design_check_is_registered_with_title_severity_and_bug_class():
     assert set(CHECKS) == {"parity", "history_independence", "spec_independence", "schedule_independence",
                            "eviction_safety", "isolation", "prefix_only", "accounting", "rollback_hygiene", "exercised",
-                           "logprob_parity"}
+                           "logprob_parity", "abort_prefix"}
     for spec in CHECKS.values():
         assert spec.title and spec.severity and spec.bug_class in "ABCDE"
 

@@ -13,6 +13,6 @@ package registers them all, in the order users see them.
 from __future__ import annotations
 
 from conformance.checks.registry import CHECKS, CheckSpec, CheckRecorder, check, run_check
-from conformance.checks import output, logprobs, cache, hygiene, coverage  # noqa: E402,F401  (registers the checks)
+from conformance.checks import output, logprobs, cache, hygiene, coverage, midflight  # noqa: E402,F401  (registers the checks)
 
 __all__ = ["CHECKS", "CheckSpec", "CheckRecorder", "check", "run_check"]

@@ -93,5 +93,6 @@ def _positive_control(f: CheckRecorder, h: History) -> None:
                             "config": b.config})
                 elif key in seen and long_enough:
                     f.stats["positive_controls"] += 1
-            for q in b.requests:
-                seen.setdefault((q.identity, q.prompt), b.index)
+            for q, r in zip(b.requests, b.results):
+                if r.finish_reason != "abort":  # an aborted request may have written no full block
+                    seen.setdefault((q.identity, q.prompt), b.index)

@@ -1,0 +1,104 @@
+"""The `midflight` step kind (issue 30): a batch whose requests arrive while others run and are aborted
+part way, then the aborted prompts sent again.
+
+The bugs this reaches live in the gap between *scheduled* and *written*: KV of an aborted request
+published to the prefix cache (SGLang 28374), a block registered when scheduled and not rolled back when
+its request is aborted before the write (vLLM 43569), a shared block's reference dropped twice on the
+abort path. Each shows only if (1) a request is aborted while some of its blocks are partly written —
+during a multi-step prefill, or with its last block full of tokens whose KV is not written yet — and
+(2) a later request is served those blocks: a sharer arriving a step later, or the same prompt (or its
+continuation) sent again, under the same identity; under another, nothing may be served at all.
+
+So the batch is drawn around one leader prompt (from the pool half the time: a prefix the cache already
+holds, so members share cached blocks too): the leader first, sharers of its prefix arriving at drawn
+steps, each with an abort point drawn from its whole domain, 0 .. max_tokens, weighted at the
+boundaries (twice as often as the rest) — 0 (during prefill), max_tokens - 1 (one token short), and the point where prompt + output
+fills a block exactly (the last block full of tokens, its last slot not yet written). Half the time a
+scheduling knob is switched first (chunk size, token budget: whatever the engine declares with role
+"schedule"), so prefills take several steps and an abort can land inside one.
+"""
+
+from __future__ import annotations
+
+from attrs import evolve
+from hypothesis import strategies as st
+
+from conformance.contract import Request
+from conformance.domains import max_tokens, stop_ids, token_lists
+from conformance.scenario import Continuation, renamed
+from conformance.stream import Stream
+
+MAX_ARRIVAL = 4  # engine steps: a prefill of a few chunks, a few decode steps
+
+
+def applies(s: Stream) -> bool:
+    return bool(s.caps.timeline) and s.max_batch > 1
+
+
+def _reschedule(s: Stream) -> None:
+    """Another value of one scheduling knob (a chunk size, a token budget), the others as configured."""
+    knobs = sorted(k for k, role in s.caps.knob_roles.items() if role == "schedule" and len(s.caps.config_space[k]) > 1)
+    if not knobs or not s.draw(st.booleans()):
+        return
+    knob = s.draw(st.sampled_from(knobs))
+    others = [v for v in s.caps.config_space[knob] if str(v) != str(s.current.get(knob, s.caps.config_space[knob][0]))]
+    s.configure({**s.current, knob: s.draw(st.sampled_from(others))})
+
+
+def abort_edges(bs: int, prompt_len: int, budget: int) -> list[int]:
+    """The boundary abort points: 0 (during prefill), max_tokens - 1 (one token short) and the output
+    length at which prompt + output ends on a block edge (where one falls within max_tokens)."""
+    fill = (-prompt_len) % bs
+    return sorted({0, max(0, budget - 1)} | ({fill} if fill < budget else set()))
+
+
+def abort_points(s: Stream, prompt_len: int, budget: int) -> st.SearchStrategy[int | None]:
+    """An abort point from the whole domain 0 .. max_tokens (max_tokens: too late, the request has
+    finished), the boundaries first; None (not aborted) now and then."""
+    edges = abort_edges(s.bs, prompt_len, budget)
+    return st.one_of(st.sampled_from(edges), st.integers(0, budget), st.sampled_from(edges), st.none())
+
+
+def _timed(s: Stream, r: Request) -> Request:
+    caps = s.caps
+    arrive = s.draw(st.one_of(st.integers(0, MAX_ARRIVAL), st.none())) if "arrival" in caps.timeline else None
+    abort = s.draw(abort_points(s, len(r.prompt), r.max_tokens)) if "abort" in caps.timeline else None
+    return evolve(r, arrive_at_step=arrive, abort_after=abort)
+
+
+def _leader(s: Stream) -> Request:
+    pool = s.requests_in_pool()
+    if pool and s.draw(st.booleans()):
+        base = s.draw(st.sampled_from(pool))
+        return Request(s.next_id(), base.prompt[:s.top], s.draw(max_tokens(s.caps)), base.stop_ids, base.identity)
+    return s.fresh_request()
+
+
+def _sharer(s: Stream, leader: Request) -> Request:
+    """A prompt sharing a drawn prefix of the leader's (at least a block where it has one), same identity."""
+    n = len(leader.prompt)
+    cut = s.draw(st.integers(min(n, s.bs + 1), n)) if n > 1 else n
+    suffix = s.draw(st.integers(0, s.bs).flatmap(lambda k: token_lists(s.caps, k)))
+    prompt = (leader.prompt[:cut] + suffix)[:s.top] or leader.prompt[:1]
+    return Request(s.next_id(), prompt, s.draw(max_tokens(s.caps)), s.draw(stop_ids(s.caps)), leader.identity)
+
+
+def midflight(s: Stream) -> tuple:
+    """The timed batch (added here), then the resend batch (returned): each request given an abort point
+    sent again plainly — the same prompt under its identity, and under another where there is one, and
+    as the next turn of a conversation (prompt + its partial output + new tokens)."""
+    _reschedule(s)
+    leader = _leader(s)
+    members = [leader] + [_sharer(s, leader) for _ in range(s.draw(st.integers(1, s.max_batch - 1)))]
+    timed = [_timed(s, r) for r in members]
+    timed[0] = evolve(timed[0], arrive_at_step=None)  # something runs from the first step
+    s.add_batch(tuple(timed))
+    aborted = [r for r in timed if r.abort_after is not None] or timed[:1]
+    victim = s.draw(st.sampled_from(aborted))
+    again: list = [Continuation(s.next_id(), victim.id, s.draw(token_lists(s.caps, s.draw(st.integers(1, s.bs)))),
+                                s.draw(max_tokens(s.caps)), (), victim.identity, s.top)]
+    others = [i for i in s.identities if i != leader.identity]
+    if others and s.draw(st.booleans()):
+        again.append(evolve(renamed(aborted[0], s.next_id(), s.top), identity=s.draw(st.sampled_from(others))))
+    again += [renamed(r, s.next_id(), s.top) for r in aborted]
+    return tuple(again[:s.max_batch])
