@@ -287,8 +287,9 @@ class TransformersAdapter:
             model = self._model(revision)  # each model keeps its own persistent manager (and cache)
             gen = gc_cls(max_new_tokens=max_tokens, do_sample=False, eos_token_id=self._eos_ids(stop_ids),
                          pad_token_id=self._pad())
-            cb = ContinuousBatchingConfig(page_size=self.config["page_size"], num_blocks=self.config["num_blocks"],
-                                          max_batch_tokens=64, allow_block_sharing=True)
+            cb = ContinuousBatchingConfig(
+                **transformers_versions.batching_config_kwargs(self.features, self.config["page_size"]),
+                num_blocks=self.config["num_blocks"], max_batch_tokens=64, allow_block_sharing=True)
             hits: dict[str, int] = {}
             start = time.perf_counter()
             with count_prefix_hits(hits):
