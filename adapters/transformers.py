@@ -288,8 +288,9 @@ class TransformersAdapter:
             model = self._model(revision)  # each model keeps its own persistent manager (and cache)
             gen = gc_cls(max_new_tokens=max_tokens, do_sample=False, eos_token_id=self._eos_ids(stop_ids),
                          pad_token_id=self._pad())
-            cb = ContinuousBatchingConfig(page_size=self.config["page_size"], num_blocks=self.config["num_blocks"],
-                                          max_batch_tokens=64, allow_block_sharing=True)
+            cb = ContinuousBatchingConfig(
+                **transformers_versions.batching_config_kwargs(self.features, self.config["page_size"]),
+                num_blocks=self.config["num_blocks"], max_batch_tokens=64, allow_block_sharing=True)
             hits: dict[str, int] = {}
             start = time.perf_counter()
             with count_prefix_hits(hits):
@@ -352,14 +353,20 @@ def _count_drafts(tf, counts: dict[str, int]):
 
 @contextlib.contextmanager
 def count_prefix_hits(hits: dict[str, int]):
-    """Observe prefix reuse: the paged cache says how many prompt tokens it served from shared blocks."""
+    """Observe prefix reuse: the paged cache says how many prompt tokens it matched in shared blocks.
+
+    What the engine serves from them is at most the prompt less its last token: 5.19+ never matches the
+    whole prompt, while 5.5-5.18 return a match of every block (a prompt of whole blocks matches whole)
+    and their scheduler then keeps the last token to prefill ("we keep at least 1 token to start
+    decoding"). Counting the raw match there reported a hit covering the whole prompt (a false
+    prefix_only failure on 5.14.0), so the count is capped the way both schedulers cap it."""
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
 
     original = PagedAttentionCache.search_prefix_match
 
     def search(self, request_id, prompt_ids):
         n = original(self, request_id, prompt_ids)
-        hits[request_id] = hits.get(request_id, 0) + n
+        hits[request_id] = hits.get(request_id, 0) + max(0, min(n, len(prompt_ids) - 1))
         return n
 
     PagedAttentionCache.search_prefix_match = search

@@ -20,6 +20,9 @@ The differences the adapter meets, oldest first:
     persistent_manager=)`, `ContinuousBatchingConfig(allow_block_sharing=)` and the paged cache's
     `search_prefix_match` (how the adapter observes prefix hits); a release without all of them gets no
     `batch` mode.
+  - the page size of `ContinuousBatchingConfig` is the keyword `block_size` in the releases that first
+    have block sharing (5.5 to 5.18) and `page_size` later: passing the other name is a TypeError, so the
+    adapter passes the field the class's signature names (`page_field`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Features:
     prompt_lookup: bool  # GenerationConfig.prompt_lookup_num_tokens
     assistant_fields: tuple[str, ...]  # the draft knobs the assistant's GenerationConfig has
     continuous_batching: bool  # generate_batch with a persistent manager, block sharing, observable hits
+    page_field: str = "page_size"  # ContinuousBatchingConfig's keyword for the page size ("" where no batch mode)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -55,6 +59,7 @@ def probe(tf: Any, import_module: Callable[[str], Any] = importlib.import_module
     config_cls = tf.PretrainedConfig
     renamed = isinstance(inspect.getattr_static(config_cls, "torch_dtype", None), property)
     generation_defaults = tf.GenerationConfig()
+    page_field = _continuous_batching_page_field(tf, import_module)
     fields = tuple(f for f in ("num_assistant_tokens", "num_assistant_tokens_schedule",
                                "assistant_confidence_threshold") if hasattr(generation_defaults, f))
     return Features(
@@ -62,23 +67,39 @@ def probe(tf: Any, import_module: Callable[[str], Any] = importlib.import_module
         dtype_kwarg="dtype" if renamed else "torch_dtype",
         prompt_lookup=hasattr(generation_defaults, "prompt_lookup_num_tokens"),
         assistant_fields=fields,
-        continuous_batching=_has_continuous_batching(tf, import_module),
+        continuous_batching=bool(page_field),
+        page_field=page_field,
     )
 
 
-def _has_continuous_batching(tf: Any, import_module: Callable[[str], Any]) -> bool:
+# The names ContinuousBatchingConfig has given its page size, newest first (5.19+: page_size; 5.5-5.18:
+# block_size). The adapter passes the one the signature has; a release with neither gets no batch mode.
+PAGE_FIELDS = ("page_size", "block_size")
+
+
+def _continuous_batching_page_field(tf: Any, import_module: Callable[[str], Any]) -> str:
+    """The page-size keyword of the release's ContinuousBatchingConfig when it has everything the `batch`
+    mode uses (a persistent manager, block sharing, observable prefix hits); "" when it lacks any."""
     generate_batch = getattr(getattr(tf, "GenerationMixin", None), "generate_batch", None)
     if generate_batch is None:
-        return False
+        return ""
     if not {"continuous_batching_config", "persistent_manager"} <= set(inspect.signature(generate_batch).parameters):
-        return False
+        return ""
     try:
         config_cls = import_module("transformers.generation.configuration_utils").ContinuousBatchingConfig
         cache_cls = import_module("transformers.generation.continuous_batching.cache").PagedAttentionCache
     except (ImportError, AttributeError):
-        return False
-    return ("allow_block_sharing" in inspect.signature(config_cls).parameters
-            and hasattr(cache_cls, "search_prefix_match"))
+        return ""
+    fields = inspect.signature(config_cls).parameters
+    page_field = next((f for f in PAGE_FIELDS if f in fields), "")
+    if "allow_block_sharing" not in fields or not hasattr(cache_cls, "search_prefix_match"):
+        return ""
+    return page_field
+
+
+def batching_config_kwargs(features: Features, page_size: int) -> dict[str, int]:
+    """The ContinuousBatchingConfig keyword that sets the page size, under this release's name for it."""
+    return {features.page_field: page_size}
 
 
 def load_kwargs(features: Features, dtype: Any) -> dict[str, Any]:

@@ -36,7 +36,9 @@ def generate(model, max_new: int, eos: list[int], hits: dict | None = None) -> l
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     gen = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=0)
-    cb = ContinuousBatchingConfig(page_size=16, num_blocks=64, max_batch_tokens=64, allow_block_sharing=True)
+    features = transformers_versions.probe(transformers)  # the page field's name differs by release
+    cb = ContinuousBatchingConfig(**transformers_versions.batching_config_kwargs(features, 16), num_blocks=64,
+                                  max_batch_tokens=64, allow_block_sharing=True)
     with count_prefix_hits(hits if hits is not None else {}):
         out = model.generate_batch([PROMPT], generation_config=gen, continuous_batching_config=cb,
                                    progress_bar=False, persistent_manager=True, warmup=False)

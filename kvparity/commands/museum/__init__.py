@@ -83,8 +83,9 @@ def release_outcome(folder: Path, check: str | None) -> tuple[dict | None, outco
         return record, outcome.Outcome("error", None, None, note=f"cannot install here: {record.get('install_error')}")
     if record.get("timed_out"):
         return record, outcome.Outcome("error", None, None, note="the run was killed at the museum's timeout")
-    run_dir = record.get("run_dir")
-    return record, outcome.read(folder / run_dir if run_dir else None, check, record.get("exit_code"),
+    run_dir = record.get("run_dir")  # relative to `folder`; may lead out of it to a run committed elsewhere
+    return record, outcome.read(Path(os.path.normpath(folder / run_dir)) if run_dir else None, check,
+                                record.get("exit_code"),
                                 "" if run_dir else f"the run (exit {record.get('exit_code')}) wrote no run folder")
 
 
