@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from test_pytest_plugin import plugin_run as _plugin_run  # the one way to start the plugin afresh
+from conformance.checks import CHECKS
 
 CHAOS = "chaos_engine:ChaosEngine"
 MACHINE = "test_engine_session_state_machine"
@@ -55,7 +56,7 @@ def test_a_hanging_engine_call_fails_the_session_every_time(tmp_path, attempt):
     results = outcomes(out.stdout)
     assert results[MACHINE] == "FAILED" and "run timed out after 2s" in text, text
     checks = {k: v for k, v in results.items() if k.startswith("test_check[")}
-    assert len(checks) == 10 and set(checks.values()) == {"FAILED"}, results  # the stream met the hang too
+    assert len(checks) == len(CHECKS) and set(checks.values()) == {"FAILED"}, results  # the stream met the hang too
     assert "engine error: run timed out after 2s" in out.stdout
     (run,) = run_dirs(tmp_path)
     assert json.loads((run / "results.json").read_text())["verdict"] == "error"
@@ -106,7 +107,7 @@ def test_under_xdist_a_dead_stream_fails_every_worker_and_runs_once(tmp_path):
     out = chaos(tmp_path, "exit0@run", "-n", "2")
     assert out.returncode == 1, out.stdout + out.stderr
     results = outcomes(out.stdout)
-    assert len(results) == 11 and "PASSED" not in results.values(), results
+    assert len(results) == len(CHECKS) + 1 and "PASSED" not in results.values(), results
     assert len(run_dirs(tmp_path)) == 1
     assert out.stdout.count("kvparity report: ") == 1  # the controller names the one run, once
 

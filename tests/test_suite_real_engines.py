@@ -34,7 +34,8 @@ def test_reference_engine_passes_the_ci_profile_with_a_complete_report(tmp_path,
     results = json.loads((run / "results.json").read_text())
     assert "100 examples" in out
     statuses = {c: r["status"] for c, r in results["checks"].items()} if "checks" in results else {}
-    assert statuses and all(s == "pass" for s in statuses.values()), statuses
+    # logprob_parity needs a calibration (--calibration): without one it is not run, never passed
+    assert statuses and all(s == ("skip" if c == "logprob_parity" else "pass") for c, s in statuses.items()), statuses
 
 
 def test_transformers_adapter_passes_the_dev_profile_outside_batch_mode(tmp_path, capsys):

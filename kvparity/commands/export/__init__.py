@@ -145,6 +145,9 @@ def plan_of(witness: str | os.PathLike, engine: str | None, engine_args: dict[st
     if check in NOT_RESTATED:
         raise UsageError(f"{witness}: a {check} witness cannot be exported: the reproducer's checker restates "
                          f"the token claims only (not logprobs); replay it with `kvparity replay {witness}`")
+    if timed(steps):
+        raise UsageError(f"{witness}: a witness with requests that arrive or abort mid-flight cannot be exported: "
+                         f"the reproducer submits whole batches; replay it with `kvparity replay {witness}`")
     if target != named:
         args = {}  # the witness's engine arguments belong to its own engine
     refuse_remote_hosts(args, engine_args or {}, str(witness))  # the script would send traffic there
@@ -158,6 +161,13 @@ def plan_of(witness: str | os.PathLike, engine: str | None, engine_args: dict[st
 # Checks the standalone checker (runtime.py) does not restate: exporting their witness would print PASSED
 # with the bug on.
 NOT_RESTATED = ("logprob_parity",)
+
+
+def timed(steps) -> bool:
+    """Whether a request of `steps` carries a timeline (an arrival step or an abort point): the standalone
+    reproducer submits whole batches, so it would run another scenario and could print PASSED."""
+    return any(getattr(item, "arrive_at_step", None) is not None or getattr(item, "abort_after", None) is not None
+               for step in steps for item in getattr(step, "items", ()))
 
 
 def build_parser() -> argparse.ArgumentParser:
