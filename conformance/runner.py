@@ -146,8 +146,7 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
     interrupted, stop_code = False, ExitCode.INTERRUPTED
     closer = _Closer(engine, calls, config.close)
     hunt = Hunt({e["signature"] for e in config.known_findings or ()}, _STREAM_FAILURE, config.keep_looking)
-    # checked before each example; the clock starts at the round's first new failure (a known one is not shrunk)
-    budget = ShrinkBudget(config.max_shrink_seconds, lambda: hunt.first_new is not None)
+    budget = ShrinkBudget(config.max_shrink_seconds, lambda: bool(first_failing))  # checked before each example
     drawn: Counter[str] = Counter()
     tally = ShrinkTally()  # examples run while shrinking, and the ones the shrink cap stopped before they began
     try:
@@ -214,7 +213,6 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
                     if config.shard is not None or config.database_url:  # a campaign's store, replayed first
                         example_database.keep_with_seed(test, overrides["database"])
                 hunt.begin(examples, builder.history)
-                budget.restart()
                 broken = not _run_phase(test, writer)
             runner.budget = None  # the shrink cap bounds the stream's shrinking, not what follows it
             if not broken and not first_failing and not builder.history.errors:  # nothing new failed: completion
@@ -291,10 +289,8 @@ def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> bool:
     False when the engine broke or an error was recorded: no further round then."""
     try:
         test()
-    except _EngineBroken:
-        return False  # already recorded as an `error` event
-    except ShrinkTimeUp:
-        return True  # the round's shrink budget is spent: its witness stands, and the hunt may go on
+    except (_EngineBroken, ShrinkTimeUp):
+        return False  # already recorded as an `error` event; or the shrink budget is spent (the witness stands)
     except (ConformanceFailure, AssertionError):
         pass  # recorded in the history; analysis below reports the shrunk witness
     except (KeyboardInterrupt, HistoryWriteError):

@@ -30,11 +30,6 @@ class ShrinkBudget:
         self.since: float | None = None
         self.spent = False
 
-    def restart(self) -> None:
-        """A new round of the hunt (conformance.hunt): its own failure gets its own `seconds` (`spent`
-        stays true once any round was cut: the report says shrinking was capped)."""
-        self.since = None
-
     def __call__(self) -> None:
         if self.seconds is None or not self.failed():
             return
