@@ -32,7 +32,10 @@ run: setup
 	$(VENV)/bin/kvparity run --engine reference --profile ci
 
 test: setup chromium
-	$(PY) -m pytest -n 2 -q tests
+	$(PY) -m pytest -n 2 -q -m "not slow" tests
+
+test-slow: setup chromium  # the long real-engine sweeps (issue 32): the dev-run finding-first check per zoo fault
+	$(PY) -m pytest -n 2 -q -m slow tests
 
 # Regenerating the committed reports is explicit: user runs of `kvparity fault-zoo` / `kvparity bench`
 # write under .kvparity/ (git-ignored). These reproduce reports/fault-zoo.md (27 faults x 5 seeds, ci profile,
