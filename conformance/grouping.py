@@ -33,6 +33,7 @@ from attrs import frozen
 
 from conformance.analysis import Analysis
 from conformance.checks import CHECKS
+from conformance.checks.midflight import partial
 from conformance.finding_order import order_key
 from conformance.history_facts import is_cross_identity_attempt, mechanisms
 from conformance.localise import epoch_evicted, mechanism_support, request_mechanisms
@@ -44,7 +45,7 @@ from conformance.verdicts import FAIL, CheckFailure
 # Most specific first. A speculation, cache, eviction or schedule check names the mechanism; parity
 # says only that the output is wrong; `exercised`'s positive control says only that nothing was reused.
 ORDER = ("rollback_hygiene", "isolation", "prefix_only", "spec_independence", "history_independence",
-         "eviction_safety", "schedule_independence", "accounting", "parity", "exercised")
+         "eviction_safety", "schedule_independence", "accounting", "abort_prefix", "parity", "exercised")
 _SINGLE = {"cache": "history_independence", "spec": "spec_independence", "schedule": "schedule_independence"}
 
 
@@ -125,8 +126,10 @@ def implied_checks(history: History, f: CheckFailure, chosen: Iterable[str]) -> 
         return set()
     q, r = b.requests[i], b.results[i]
     base = history.baseline_for(q)
-    if base is None or r.finish_reason == "abort":
+    if base is None:
         return set()
+    if r.finish_reason == "abort":  # cut short by design: its tokens so far are still plain decoding's
+        base = partial(base, len(r.output))
     if compare(base, r.output, r.finish_reason, history.tolerance).kind not in (DIVERGE, FINISH):
         return set()
     out = {"parity"}
@@ -215,6 +218,9 @@ def _root(history: History, failures: list[CheckFailure], chosen: Sequence[str],
                        f"request that wrote the KV it read) and is the one most tied to this run's wrong outputs "
                        f"(Ochiai {(support or {}).get(check, 0):.2f}; "
                        + ", ".join(f"{c} {v:.2f}" for c, v in sorted((support or {}).items()) if c != check) + ")")
+    elif not own and shown.check == "abort_prefix":
+        reasons.append(f"the request was aborted: its partial output differs from plain decoding, and {check}'s "
+                       f"claim covers the tokens it did produce (the abort came after them)")
     elif not own:
         reasons.append(f"{check} compares this request by definition; the failure it kept (one per title) is "
                        f"another example's")

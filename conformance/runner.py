@@ -146,7 +146,8 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
     interrupted, stop_code = False, ExitCode.INTERRUPTED
     closer = _Closer(engine, calls, config.close)
     hunt = Hunt({e["signature"] for e in config.known_findings or ()}, _STREAM_FAILURE, config.keep_looking)
-    budget = ShrinkBudget(config.max_shrink_seconds, lambda: bool(first_failing))  # checked before each example
+    # checked before each example; the clock starts at the round's first new failure (a known one is not shrunk)
+    budget = ShrinkBudget(config.max_shrink_seconds, lambda: hunt.first_new is not None)
     drawn: Counter[str] = Counter()
     tally = ShrinkTally()  # examples run while shrinking, and the ones the shrink cap stopped before they began
     try:
@@ -213,7 +214,9 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
                     if config.shard is not None or config.database_url:  # a campaign's store, replayed first
                         example_database.keep_with_seed(test, overrides["database"])
                 hunt.begin(examples, builder.history)
+                budget.restart()
                 broken = not _run_phase(test, writer)
+                examples -= tally.take_cut()  # counted by the test, never recorded: the next round numbers on
             runner.budget = None  # the shrink cap bounds the stream's shrinking, not what follows it
             if not broken and not first_failing and not builder.history.errors:  # nothing new failed: completion
                 complete(builder.history, conformance_example.hypothesis.inner_test,
@@ -224,13 +227,11 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
             examples = hunt.rerun_witnesses(runner, examples)
         stopping.check()  # stopped before the run ended: INTERRUPTED, not a finished run
         closer(lambda cause: writer.append("error", cause=cause))
-        examples -= tally.cut
         writer.append("run_end", examples=examples, shrink_steps=tally.steps,
                       duration_s=round(time.monotonic() - started, 3))
     except EngineError as exc:
         writer.append("error", cause=one_line(exc))
         closer(lambda cause: writer.append("error", cause=cause))
-        examples -= tally.cut
         writer.append("run_end", examples=examples, shrink_steps=tally.steps,
                       duration_s=round(time.monotonic() - started, 3))
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP in a supervised child (conformance.stopping)
@@ -289,8 +290,10 @@ def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> bool:
     False when the engine broke or an error was recorded: no further round then."""
     try:
         test()
-    except (_EngineBroken, ShrinkTimeUp):
-        return False  # already recorded as an `error` event; or the shrink budget is spent (the witness stands)
+    except _EngineBroken:
+        return False  # already recorded as an `error` event
+    except ShrinkTimeUp:
+        return True  # the round's shrink budget is spent: its witness stands, and the hunt may go on
     except (ConformanceFailure, AssertionError):
         pass  # recorded in the history; analysis below reports the shrunk witness
     except (KeyboardInterrupt, HistoryWriteError):

@@ -30,6 +30,11 @@ class ShrinkBudget:
         self.since: float | None = None
         self.spent = False
 
+    def restart(self) -> None:
+        """A new round of the hunt (conformance.hunt): its own failure gets its own `seconds` (`spent`
+        stays true once any round was cut: the report says shrinking was capped)."""
+        self.since = None
+
     def __call__(self) -> None:
         if self.seconds is None or not self.failed():
             return
@@ -53,6 +58,12 @@ class ShrinkTally:
     def example(self, shrinking: bool) -> None:
         """One example begins; `shrinking`: its round already found a failure (Hypothesis is shrinking)."""
         self.steps += shrinking
+
+    def take_cut(self) -> int:
+        """The examples cut since the last call (a round of the hunt ends: its count is corrected before
+        the next round numbers its examples on)."""
+        cut, self.cut = self.cut, 0
+        return cut
 
     def guard(self, budget: Callable[[], None]) -> Callable[[], None]:
         """`budget`, counting the examples it stops before they begin."""

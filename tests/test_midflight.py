@@ -198,3 +198,27 @@ def test_an_aborted_request_is_no_positive_control_for_its_repeat():
     h = (Crafted(TIMED).batch((plain, res("a", [5, 6, 7]))).baseline(plain, [5, 6, 7])
          .batch((again, res("b", [5, 6, 7], cached=0))).baseline(again, [5, 6, 7]))
     assert [f.title for f in h.failures("exercised")] == ["exact repeat reported no cache hit"]
+
+
+def test_an_aborted_request_s_wrong_partial_output_is_listed_under_the_mechanism_in_play():
+    """Its tokens came before the abort, so the abort did not cause them: in a run where scheduling is
+    found to matter (a later example: the same prompt alone right, in a batch of two wrong), the aborted
+    request's finding names scheduling too, as for a request that ran to the end; abort_prefix is also
+    seen by. An aborted request whose partial output is right implies nothing."""
+    from conformance.analysis import analyse
+    from conformance.grouping import group
+
+    other = req("o", tuple(range(40, 52)), max_tokens=2)
+    alone, batched = req("a", Q.prompt, max_tokens=4), req("b", Q.prompt, max_tokens=4)
+    for got, expect in (([5, 8], "schedule_independence"), ([5, 6], None)):
+        h = (Crafted(TIMED).batch((Q, res("q", got, "abort")), (other, res("o", [1, 2])))
+             .example().batch((alone, res("a", [5, 6, 7, 8])))
+             .batch((batched, res("b", [5, 9, 7, 8])), (other, res("o", [1, 2])))
+             .baseline(Q, [5, 6, 7, 8]).baseline(other, [1, 2]).history())
+        aborted = [fd for fd in group(h, analyse(h)) if fd.failure.witness["request"]["id"] == "q"]
+        if expect is None:
+            assert aborted == []
+            continue
+        (fd,) = aborted
+        assert fd.check == expect and {"abort_prefix", "parity"} <= set(fd.seen_by), fd.seen_by
+        assert any("aborted" in why for why in fd.reasons)
