@@ -61,10 +61,14 @@ class _EngineBroken(BaseException):
     """Stops Hypothesis at once: an engine that crashed or hung is not worth shrinking against."""
 
 
+NO_VERSION = "not declared by the adapter (Capabilities.version)"
+
+
 def versions(caps: Capabilities) -> dict[str, str]:
     from importlib import metadata
 
-    out = {"python": platform.python_version(), "engine": caps.version}
+    # an adapter that declares no version is said to, not shown as "" (a report read later cannot tell)
+    out = {"python": platform.python_version(), "engine": caps.version or NO_VERSION}
     if caps.oracle:  # which oracle judged: the report's versions line names it
         out["oracle"] = caps.oracle
     for dist in ("kvparity", "hypothesis"):

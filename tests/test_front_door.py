@@ -46,3 +46,15 @@ def test_the_console_help_runs_no_plugin_code():
             "print(sorted(m for m in sys.modules if m.startswith('kvparity.commands.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60).stdout
     assert out.strip().endswith("[]"), out[-300:]
+
+
+def test_an_engine_version_the_adapter_did_not_declare_is_said_so():
+    """A custom adapter with an empty `Capabilities.version` is recorded as not declaring one, never as
+    `"engine": ""`; a declared version is recorded as it is."""
+    from conformance.contract import Capabilities
+    from conformance.runner import NO_VERSION, versions
+
+    caps = Capabilities(name="mine", vocab_size=512, max_context=64, block_size=16)
+    assert versions(caps)["engine"] == NO_VERSION
+    assert versions(Capabilities(name="mine", vocab_size=512, max_context=64, block_size=16,
+                                 version="1.2.3"))["engine"] == "1.2.3"
