@@ -15,11 +15,7 @@ from conformance.scenario import MAX_NEW, MAX_PROMPT
 
 def max_prompt_len(caps: Capabilities, config: Mapping[str, Any] | None = None) -> int:
     """The longest prompt to send: room for MAX_NEW tokens within the context, under `config` if given."""
-    return max(2, min(MAX_PROMPT, context_limit(caps, config) - MAX_NEW - 1))
-
-
-def context_limit(caps: Capabilities, config: Mapping[str, Any] | None = None) -> int:
-    return caps.context_limit(config)
+    return max(2, min(MAX_PROMPT, caps.context_limit(config) - MAX_NEW - 1))
 
 
 def token_range(caps: Capabilities) -> tuple[int, int]:

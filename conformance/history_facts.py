@@ -135,3 +135,28 @@ def collide(a, b) -> bool:
         return False
     seps = {""} | {c for i in (a, b) for s in (i.salt, i.adapter) if s for c in s}
     return any(naive_keys(a, sep) & naive_keys(b, sep) for sep in seps)
+
+
+def results_of(h: History) -> Iterable[tuple[BatchRecord, Request, Result]]:
+    """Every result of the run with its batch and request."""
+    for b in h.batches():
+        for _, q, r in b.pairs():
+            yield b, q, r
+
+
+def cache_epochs(h: History) -> Iterable[list[BatchRecord]]:
+    """Each example's batches, one cache epoch (reset to reset) at a time: reuse is only possible within one."""
+    for ex in h.examples:
+        run: list[BatchRecord] = []
+        for b in ex.batches:
+            if run and b.epoch != run[-1].epoch:
+                yield run
+                run = []
+            run.append(b)
+        if run:
+            yield run
+
+
+def batch_block_size(h: History, b: BatchRecord) -> int:
+    """The block size a batch ran with (its configuration's, else the engine's declared one)."""
+    return config_block_size(b.config, h.capabilities.block_size if h.capabilities else 16)

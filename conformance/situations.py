@@ -19,8 +19,9 @@ from typing import Callable, Iterable
 
 from attrs import frozen
 
-from conformance.history_facts import (batch_evicted, chunked, collide, config_block_size,
-                                       cross_identity_threshold, is_cross_identity_attempt, lcp, reuse_scan)
+from conformance.history_facts import (batch_block_size, batch_evicted, cache_epochs, chunked, collide, config_block_size,
+                                       cross_identity_threshold, is_cross_identity_attempt, lcp, results_of,
+                                       reuse_scan)
 from conformance.contract import Capabilities
 from conformance.history import History
 
@@ -95,10 +96,6 @@ def missing(history: History) -> list[Coverage]:
 # --------------------------------------------------------------------------- the situations
 
 
-def _results(h: History):
-    for b in h.batches():
-        for i, q, r in b.pairs():
-            yield b, q, r
 
 
 def _cache(caps: Capabilities) -> bool:
@@ -111,7 +108,7 @@ def _spec(caps: Capabilities) -> bool:
 
 @situation(title="prefix cache hit", claim="prefix caching", relevant=_cache)
 def prefix_hit(h: History) -> int:
-    return sum(bool(r.cached_tokens) for _, _, r in _results(h))
+    return sum(bool(r.cached_tokens) for _, _, r in results_of(h))
 
 
 @situation(title="hit on a prompt of k blocks or k blocks + 1 (last-token and partial-block edge)",
@@ -119,12 +116,12 @@ def prefix_hit(h: History) -> int:
 def hit_at_block_boundary(h: History) -> int:
     bs = (h.capabilities.block_size if h.capabilities else 16)
     return sum(bool(r.cached_tokens) and len(q.prompt) % config_block_size(b.config, bs) in (0, 1)
-               for b, q, r in _results(h))
+               for b, q, r in results_of(h))
 
 
 @situation(title="chunked prefill", claim="chunked prefill", relevant=lambda caps: caps.chunked_prefill)
 def chunked_prefill(h: History) -> int:
-    return sum(chunked(r) for _, _, r in _results(h))
+    return sum(chunked(r) for _, _, r in results_of(h))
 
 
 @situation(title="batch that evicted", claim="eviction", relevant=lambda caps: caps.evicts)
@@ -135,7 +132,7 @@ def eviction(h: History) -> int:
 @situation(title="request preempted and resumed", claim="eviction (not required: few engines report it)",
            relevant=lambda caps: False)
 def preemption(h: History) -> int:
-    return sum(bool(r.preempted) for _, _, r in _results(h))
+    return sum(bool(r.preempted) for _, _, r in results_of(h))
 
 
 @situation(title="another identity sent this prompt's prefix first", claim="identities",
@@ -146,12 +143,12 @@ def cross_identity_attempt(h: History) -> int:
 
 @situation(title="draft tokens accepted", claim="speculation", relevant=_spec)
 def accepted_draft(h: History) -> int:
-    return sum(bool(r.draft_accepted) for _, _, r in _results(h))
+    return sum(bool(r.draft_accepted) for _, _, r in results_of(h))
 
 
 @situation(title="draft tokens rejected", claim="speculation", relevant=_spec)
 def rejected_draft(h: History) -> int:
-    return sum((r.draft_proposed or 0) > (r.draft_accepted or 0) for _, _, r in _results(h))
+    return sum((r.draft_proposed or 0) > (r.draft_accepted or 0) for _, _, r in results_of(h))
 
 
 @situation(title="prefix sent under an adapter name since reloaded with other weights", claim="identities",
@@ -164,7 +161,7 @@ def adapter_reload(h: History) -> int:
             for q in b.requests:
                 i = q.identity
                 n += any(o.adapter == i.adapter and o.adapter_digest != i.adapter_digest and o.revision == i.revision
-                         and lcp(q.prompt, p) >= _block(h, b) for o, p in seen if i.adapter is not None)
+                         and lcp(q.prompt, p) >= batch_block_size(h, b) for o, p in seen if i.adapter is not None)
                 seen.append((i, q.prompt))
     return n
 
@@ -178,65 +175,52 @@ def _eos(caps: Capabilities) -> bool:
 
 @situation(title="finished on eos", claim="eos handling", relevant=_eos, landmark="eos_paths")
 def eos_finish(h: History) -> int:
-    return sum(r.finish_reason == "eos" for _, _, r in _results(h))
+    return sum(r.finish_reason == "eos" for _, _, r in results_of(h))
 
 
 @situation(title="finished on eos with draft tokens accepted (eos in a draft run or as the bonus token)",
            claim="speculation", relevant=lambda caps: _eos(caps) and _spec(caps), landmark="eos_paths")
 def eos_in_speculation(h: History) -> int:
-    return sum(r.finish_reason == "eos" and bool(r.draft_accepted) for _, _, r in _results(h))
+    return sum(r.finish_reason == "eos" and bool(r.draft_accepted) for _, _, r in results_of(h))
 
 
 @situation(title="finished on eos after a prefix cache hit", claim="prefix caching",
            relevant=lambda caps: _eos(caps) and _cache(caps), landmark="eos_paths")
 def eos_on_warm_cache(h: History) -> int:
-    return sum(r.finish_reason == "eos" and bool(r.cached_tokens) for _, _, r in _results(h))
+    return sum(r.finish_reason == "eos" and bool(r.cached_tokens) for _, _, r in results_of(h))
 
 
 @situation(title="finished on a stop id", claim="stop handling")
 def stop_finish(h: History) -> int:
-    return sum(r.finish_reason == "stop" for _, _, r in _results(h))
+    return sum(r.finish_reason == "stop" for _, _, r in results_of(h))
 
 
 @situation(title="finished on a stop id past position 0 with draft tokens accepted", claim="speculation",
            relevant=_spec)
 def stop_in_speculation(h: History) -> int:
-    return sum(r.finish_reason == "stop" and len(r.output) > 1 and bool(r.draft_accepted) for _, _, r in _results(h))
+    return sum(r.finish_reason == "stop" and len(r.output) > 1 and bool(r.draft_accepted) for _, _, r in results_of(h))
 
 
 @situation(title="reached max_tokens with draft tokens accepted", claim="speculation", relevant=_spec)
 def length_in_speculation(h: History) -> int:
-    return sum(r.finish_reason == "length" and len(r.output) > 1 and bool(r.draft_accepted) for _, _, r in _results(h))
+    return sum(r.finish_reason == "length" and len(r.output) > 1 and bool(r.draft_accepted) for _, _, r in results_of(h))
 
 
 # -- sharing within a batch ----------------------------------------------------------------------
 
 
-def _block(h: History, b) -> int:
-    return config_block_size(b.config, h.capabilities.block_size if h.capabilities else 16)
 
 
-def _epochs(h: History):
-    """Each example's batches, one cache epoch (reset to reset) at a time: reuse is only possible within one."""
-    for ex in h.examples:
-        run: list = []
-        for b in ex.batches:
-            if run and b.epoch != run[-1].epoch:
-                yield run
-                run = []
-            run.append(b)
-        if run:
-            yield run
 
 
 def _in_flight_sharers(h: History):
     """Per batch, the requests that share at least one full block of prompt with an earlier request of
     the same batch and identity, where no earlier batch of the cache epoch sent that block: KV one of
     them is still computing when the other wants it."""
-    for batches in _epochs(h):
+    for batches in cache_epochs(h):
         sent: list = []
         for b in batches:
-            bs = _block(h, b)
+            bs = batch_block_size(h, b)
             for i, q, r in b.pairs():
                 earlier = [(p.identity, p.prompt) for p in b.requests[:i]]
                 shared = max((lcp(q.prompt, p) for ident, p in earlier if ident == q.identity), default=0)
@@ -255,7 +239,7 @@ def shared_in_flight(h: History) -> int:
 def _chunked_pair(h: History, b, i: int, q, r) -> bool:
     """The sharer, or an earlier member of its batch it shares a block with (the one computing it), was
     prefilled in chunks."""
-    bs = _block(h, b)
+    bs = batch_block_size(h, b)
     return chunked(r) or any(chunked(b.results[j]) and b.requests[j].identity == q.identity
                              and lcp(q.prompt, b.requests[j].prompt) >= bs for j in range(i))
 
@@ -281,10 +265,10 @@ def block_after_other_prefix(h: History) -> int:
     no steering tail sends it, and the dev profile's 12 examples miss it in some seeds (3 of 5), where
     requiring it would turn a clean run inconclusive."""
     n = 0
-    for batches in _epochs(h):
+    for batches in cache_epochs(h):
         sent: list = []  # (identity, prompt, its blocks) of the epoch's earlier batches
         for b in batches:
-            bs = _block(h, b)
+            bs = batch_block_size(h, b)
             for q in b.requests:
                 mine = [(p, blocks) for ident, p, blocks in sent if ident == q.identity]
                 reach = max((lcp(q.prompt, p) // bs for p, _ in mine), default=0)
@@ -307,7 +291,7 @@ def _after_other_prefix(prompt: tuple, i: int, block: tuple, earlier: list, bs: 
            claim="identities", relevant=lambda caps: {"salt", "adapter"} <= caps.identities)
 def naive_identity_collision(h: History) -> int:
     n, threshold = 0, cross_identity_threshold(h.capabilities)
-    for batches in _epochs(h):
+    for batches in cache_epochs(h):
         seen: list = []
         for b in batches:
             for q in b.requests:
@@ -339,7 +323,7 @@ def same_text_other_ids(h: History) -> int:
     caps, n = h.capabilities, 0
     if caps is None or not caps.landmarks.same_text:
         return 0
-    for batches in _epochs(h):
+    for batches in cache_epochs(h):
         seen: set = set()
         for b in batches:
             for q in b.requests:
@@ -362,7 +346,7 @@ def _ties(caps: Capabilities) -> bool:
            relevant=_ties, landmark="near_ties")
 def near_tie_met(h: History) -> int:
     n = 0
-    for _, q, r in _results(h):
+    for _, q, r in results_of(h):
         base = h.baseline_for(q)
         if base is not None:
             n += any(m < NEAR_TIE_MARGIN for m in base.margins[:max(1, len(r.output))])
@@ -377,7 +361,7 @@ def near_tie_met(h: History) -> int:
 def context_filled(h: History) -> int:
     caps = h.capabilities
     return 0 if caps is None else sum(len(q.prompt) + q.max_tokens == caps.context_limit(b.config)
-                                      for b, q, _ in _results(h))
+                                      for b, q, _ in results_of(h))
 
 
 @situation(title="a request past a declared limit, refused", claim="refusal past the limits (not required)",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from conformance.contract import Capabilities
 from conformance.history import History
-from conformance.history_facts import config_block_size, lcp
+from conformance.history_facts import batch_block_size, cache_epochs, lcp, results_of
 
 TIMELINE_SITUATIONS: list[tuple] = []  # (count function, the `situations.situation` keyword arguments)
 
@@ -24,27 +24,10 @@ def situation(**kwargs) -> object:
     return deco
 
 
-def _block(h: History, b) -> int:
-    return config_block_size(b.config, h.capabilities.block_size if h.capabilities else 16)
 
 
-def _results(h: History):
-    for b in h.batches():
-        for _, q, r in b.pairs():
-            yield b, q, r
 
 
-def _epochs(h: History):
-    """Each example's batches, one cache epoch (reset to reset) at a time: reuse is only possible within one."""
-    for ex in h.examples:
-        run: list = []
-        for b in ex.batches:
-            if run and b.epoch != run[-1].epoch:
-                yield run
-                run = []
-            run.append(b)
-        if run:
-            yield run
 
 
 def _arrival(caps: Capabilities) -> bool:
@@ -56,7 +39,7 @@ def _abort(caps: Capabilities) -> bool:
 
 
 def _aborted(h: History):
-    for b, q, r in _results(h):
+    for b, q, r in results_of(h):
         if r.finish_reason == "abort":
             yield b, q, r
 
@@ -71,7 +54,7 @@ def _running_at(s, step: int) -> bool:
 def arrival_during_sharer_prefill(h: History) -> int:
     n = 0
     for b in h.batches():
-        bs = _block(h, b)
+        bs = batch_block_size(h, b)
         ran = [(q, r) for _, q, r in b.pairs() if r.arrived_at_step is not None]
         for q, r in ran:
             n += any(p.identity == q.identity and lcp(p.prompt, q.prompt) >= bs and _running_at(s, r.arrived_at_step)
@@ -99,10 +82,10 @@ def _resent(h: History, same: bool) -> int:
     """Later requests of the cache epoch whose prompt shares a full block with an aborted request's
     prompt + partial output, under the same identity (`same`) or another."""
     n = 0
-    for batches in _epochs(h):
+    for batches in cache_epochs(h):
         aborted: list = []
         for b in batches:
-            bs = _block(h, b)
+            bs = batch_block_size(h, b)
             for _, q, r in b.pairs():
                 n += any((ident == q.identity) == same and lcp(q.prompt, tokens) >= bs for ident, tokens in aborted)
             aborted.extend((q.identity, q.prompt + tuple(r.output)) for _, q, r in b.pairs() if r.finish_reason == "abort")

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conformance import step_counts
 from conformance.contract import EosPath, Identity, Request
-from conformance.domains import (adapter_bindings, context_limit, max_tokens, nearest_by_input, stop_ids,
+from conformance.domains import (adapter_bindings, max_tokens, nearest_by_input, stop_ids,
                                  token_lists)
 from conformance.midflight_steps import applies as midflight_applies, midflight
 from conformance.scenario import MAX_NEW, Continuation, Reset, renamed
@@ -89,7 +89,7 @@ def can_flood(s: Stream) -> bool:
     context it allows, so a flood that fits in that context evicts nothing: it is then only four long
     prompts, the most expensive step of the CI profile (a third of a second each, speculating), and a
     plain batch is drawn instead."""
-    return s.max_batch * (s.top + MAX_NEW) > context_limit(s.caps, s.current)
+    return s.max_batch * (s.top + MAX_NEW) > s.caps.context_limit(s.current)
 
 
 def _flush_resend(s: Stream, keep: int | None = None, max_new: int = MAX_NEW) -> tuple:

@@ -9,7 +9,7 @@ from attrs import frozen
 from hypothesis import strategies as st
 
 from conformance.contract import Capabilities, Request
-from conformance.domains import (all_identities, at_context_end, configs, context_limit, derived_salts,
+from conformance.domains import (all_identities, at_context_end, configs, derived_salts,
                                  max_prompt_len, max_tokens, one_binding_per_adapter, prompt_lengths, spec_knobs,
                                  stop_ids, token_lists)
 from conformance.scenario import Batch, Configure, Continuation, Step
@@ -26,7 +26,7 @@ class Stream:
     def __init__(self, draw: st.DrawFn, caps: Capabilities, max_batch: int = 4, id_prefix: str = "r") -> None:
         self.draw, self.caps, self.max_batch, self.id_prefix = draw, caps, max_batch, id_prefix
         self.top = max_prompt_len(caps)
-        self.limit = context_limit(caps)  # tokens one request may take in the configuration in effect
+        self.limit = caps.context_limit()  # tokens one request may take in the configuration in effect
         self.roots = draw(st.lists(prompt_lengths(caps).flatmap(lambda n: token_lists(caps, n)),
                                    min_size=1, max_size=3))
         self.identities = all_identities(caps, draw(derived_salts(caps)))
@@ -74,7 +74,7 @@ class Stream:
         self.current = dict(config)
         self.bs = int(self.current.get("block_size", self.caps.block_size))
         self.top = max_prompt_len(self.caps, self.current)
-        self.limit = context_limit(self.caps, self.current)
+        self.limit = self.caps.context_limit(self.current)
 
     def respeculate(self) -> None:
         """Another value of one speculation knob, every other knob as configured."""
