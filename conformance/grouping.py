@@ -31,6 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from attrs import frozen
 
+from conformance import alone
 from conformance.analysis import Analysis
 from conformance.checks import CHECKS
 from conformance.checks.midflight import partial
@@ -234,6 +235,15 @@ def _signature(f: RootCause) -> tuple:
             w.get("first_divergent_position"), w.get("expected"), w.get("got"), w.get("cached_tokens"))
 
 
+def _merge_alone(lone: RootCause, other: RootCause) -> RootCause:
+    """A finding whose request, sent again alone on a fresh engine, failed too (conformance.alone): one
+    bug, shown by the lone request, listed under what was in play for it."""
+    why = (f"the same request failed in example {other.failure.example} (there under {other.check}); sent again "
+           f"alone on a fresh engine it fails too, so no earlier traffic, batch-mate or other identity is needed")
+    return RootCause(lone.check, lone.title, lone.failure, tuple(dict.fromkeys(lone.seen_by + other.seen_by)),
+                     lone.failures + other.failures, lone.count + other.count, lone.reasons + (why,))
+
+
 def group(history: History, analysis: Analysis) -> list[RootCause]:
     """The run's failures as findings, the one that shows the bug most directly first
     (`conformance.finding_order`: shortest witness, a difference from plain decoding before a pair
@@ -246,6 +256,7 @@ def group(history: History, analysis: Analysis) -> list[RootCause]:
     support = mechanism_support(history)
     findings = [_root(history, fs, [c for c in chosen if c in failed or c in {x.check for x in fs}], support)
                 for fs in roots.values()]
+    findings = alone.fold(history, findings, _merge_alone)
     folded: dict[tuple, RootCause] = {}
     for fd in findings:
         sig = _signature(fd)

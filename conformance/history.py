@@ -5,7 +5,9 @@ never loses the evidence, and `kvparity report RUN_DIR` can re-analyse a run wit
 Every line is one event, flushed as it is written (fsynced at example boundaries and errors):
 
     run_start    {engine, engine_args, capabilities, versions, seed, profile}
-    example      {index, completion?}     one Hypothesis example (or one replay) starts
+    example      {index, completion?, alone?}
+                                          one Hypothesis example (or one replay) starts; `alone`: a
+                                          failing request re-sent alone (conformance/alone.py)
     config       {config}                 engine.configure(config) is about to be called
     reset        {snapshot?}              engine.reset() returned (white-box: the pool at rest)
     submit       {requests}               engine.run(requests) is about to be called
@@ -213,6 +215,9 @@ class Example:
     # A coverage-completion example (conformance/completion.py): the situations it went after and each
     # batch's arm; None for an example of the stream.
     completion: dict[str, Any] | None = None
+    # A lone re-send after the stream (conformance/alone.py): the (example, request id) pairs whose
+    # request it sends again alone on a fresh engine; None for any other example.
+    alone: tuple[tuple[int, str], ...] | None = None
 
     def steps(self) -> list[dict[str, Any]]:
         return list(self.step_list)
@@ -310,7 +315,8 @@ class HistoryBuilder:
             if ev.get("capabilities"):
                 h.capabilities = capabilities_from(ev["capabilities"])
         elif kind == "example":
-            self._current = Example(index=int(ev.get("index", len(h.examples))), completion=ev.get("completion"))
+            self._current = Example(index=int(ev.get("index", len(h.examples))), completion=ev.get("completion"),
+                                    alone=_alone_mark(ev.get("alone")))
             h.examples.append(self._current)
             self._epoch = self._segment = 0
             self._config = {}
@@ -398,3 +404,12 @@ def load_verified(path: str | os.PathLike[str]) -> tuple[History, Integrity]:
     h.errors.extend(problems)
     h.errors.extend(integrity.problems)
     return h, integrity
+
+
+def _alone_mark(raw: Any) -> tuple[tuple[int, str], ...] | None:
+    """The `alone` field of an `example` event, read as untrusted data: (example, request id) pairs."""
+    if not isinstance(raw, list):
+        return None
+    pairs = tuple((p[0], p[1]) for p in raw if isinstance(p, list) and len(p) == 2
+                  and isinstance(p[0], int) and not isinstance(p[0], bool) and isinstance(p[1], str))
+    return pairs or None

@@ -21,6 +21,7 @@ import attrs
 from hypothesis import Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
+from conformance import alone
 from conformance import known as known_mod
 from conformance import example_database, step_counts, stopping, validation
 from conformance.analysis import analyse, example_verdicts, failures_of
@@ -29,6 +30,7 @@ from conformance.checks import CHECKS
 from conformance.completion import complete
 from conformance.contract import Capabilities, Engine, EngineError
 from conformance.exit_codes import ExitCode
+from conformance.grouping import group
 from conformance.history import HistoryWriteError, HistoryWriter
 from conformance.hunt import Hunt
 from conformance.oracle import Oracle
@@ -41,6 +43,7 @@ from conformance.run_outcome import RunOutcome
 from conformance.scenario_runner import ScenarioRunner
 from conformance.shards import DERANDOMISED
 from conformance.shrink_budget import ShrinkBudget, ShrinkTally, ShrinkTimeUp
+from conformance.verdicts import FAIL
 from conformance.scenario import Step
 from conformance.strategies import scenarios
 from conformance.verdicts import CheckFailure
@@ -229,6 +232,9 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
         if not builder.history.errors:  # each shrunk witness last again (a report keeps the last failure of a check)
             runner.on_run = lambda scenario: tally.example(True)
             examples = hunt.rerun_witnesses(runner, examples)
+        if not builder.history.errors and _any_failed(known):  # each failing request alone (conformance.alone)
+            findings = group(builder.history, analyse(builder.history, names, known))
+            examples = alone.run_probes(runner, builder.history, findings, examples)
         stopping.check()  # stopped before the run ended: INTERRUPTED, not a finished run
         closer(lambda cause: writer.append("error", cause=cause))
         writer.append("run_end", examples=examples, shrink_steps=tally.steps,
@@ -262,6 +268,11 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
     for handler in handlers:
         handler.on_end(outcome)
     return outcome
+
+
+def _any_failed(known: dict[int, dict[str, Any]]) -> bool:
+    """Did any example fail a check (known findings included: they are signed from their lone re-send too)?"""
+    return any(r.status == FAIL for per in known.values() for r in per.values())
 
 
 class _Closer:
