@@ -82,7 +82,7 @@ REPRODUCE := transformers:reports/transformers/20261130-145852/witnesses/parity-
 	llama_cpp:reports/llama_cpp/shared-ram-parity/witnesses/parity-4006517376.json
 # The public set (committed, reproducers/<folder>/<witness>.py), one line each for why it is public:
 #   vllm/lora-pair: vLLM finding 1 (a base request batched with LoRA requests gets a LoRA applied), the
-#     minimal case that fails every run (reports/vllm/README.md; README "Reproducers that need no kvparity")
+#     minimal case that fails every run (reports/vllm/README.md; docs/running.md, "Reproducers that need no kvparity")
 #   openai_http-vllm/parity-79a90c248c: the same finding through vLLM's OpenAI server, stdlib only, failed
 #     2/2 (reports/openai_http-vllm/README.md)
 #   transformers/parity-f291db0373: transformers F1, a persistent manager keeps its first stop ids

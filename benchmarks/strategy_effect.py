@@ -4,7 +4,7 @@ this tree beside another commit's, in one table.
     python benchmarks/strategy_effect.py [--base HEAD~1] [--zoo-seeds 0,1,2,3,4] [--mutants 40]
                                          [--sample-seed 1] [--mutation-seeds 0] [--module kvparity]
 
-Not a test (it takes tens of minutes): the figures the README keeps. Two measures, because either alone
+Not a test (it takes tens of minutes): the figures docs/power.md keeps. Two measures, because either alone
 can be tuned to: the zoo is faults the same hands wrote, the mutation score is mutants nobody chose
 (cosmic-ray's, sampled by seed). `--base` is checked out into a temporary git worktree and both trees run
 the same commands one after the other (`fault-zoo --no-shrink`, `mutate --sample`), each with its own

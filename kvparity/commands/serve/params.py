@@ -79,7 +79,7 @@ def refuse_unhonoured(body: Mapping[str, Any]) -> None:
             continue
         if name not in NEUTRAL:
             raise BadRequest(f"unknown parameter {shown(name)}: this server answers only what it can honour "
-                             f"(greedy completions; see its README)")
+                             f"(greedy completions; see kvparity's docs/audits.md)")
         accepted, why = NEUTRAL[name]
         if not any(_same(value, a) for a in accepted):
             raise BadRequest(f"{name}={shown(value)}: {why}")
