@@ -44,13 +44,15 @@ def test_a_run_prints_a_seed_whose_command_reruns_the_same_stream(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir(), second.mkdir()
     proc = _kvparity(["run", "--engine", "reference", "--max-examples", "4", "--no-shrink", "-q"], first)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # 4 examples of a random seed may leave a rare situation unreached (exit 2, inconclusive): what is
+    # pinned here is the stream, and that the rerun ends the same way
+    assert proc.returncode in (0, 2), proc.stdout + proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("reproduce (seed "))
     seed = int(re.search(r"seed (\d+)", line).group(1))
     command = shlex.split(line.split(": ", 1)[1])
     assert command[:2] == ["kvparity", "run"] and command[-2:] == ["--seed", str(seed)]
     again = _kvparity([*command[1:], "-q"], second)
-    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.returncode == proc.returncode, again.stdout + again.stderr
     runs = [_history(_run_dir(p.stdout, cwd)) for p, cwd in ((proc, first), (again, second))]
     assert [r[0]["seed"] for r in runs] == [seed, seed]  # recorded in run_start
     assert _submits(runs[0]) and _submits(runs[0]) == _submits(runs[1])
