@@ -32,7 +32,7 @@ run: setup
 	$(VENV)/bin/kvparity run --engine reference --profile ci
 
 test: setup chromium
-	$(PY) -m pytest -n 2 -q -m "not slow" tests
+	$(PY) -m pytest -n 2 -q -m "not slow" --durations=15 tests
 
 test-slow: setup chromium  # the long real-engine sweeps (issue 32): the dev-run finding-first check per zoo fault
 	$(PY) -m pytest -n 2 -q -m slow tests
