@@ -121,3 +121,20 @@ def test_list_prints_the_sample_without_running_anything(capsys, tmp_path):
     names = capsys.readouterr().out.split()
     assert len(names) == 5 and all(n.split(":")[0] in DECISION_MODULES for n in names)
     assert not (tmp_path / "m").exists()
+
+
+def test_the_claims_score_leaves_out_only_survivors_that_differ_in_counts_no_claim_covers():
+    """A drafter proposing other drafts (same outputs) is a survivor of the strict score, not of the
+    contract's claims; a survivor with another cached count or output counts against both."""
+    from kvparity.commands.mutate.report import claims_score, score, tally
+
+    def row(outcome, classification=None, differs=()):
+        return {"outcome": outcome, "classification": classification, "differs_in": list(differs)}
+
+    rows = [row("killed")] * 8 + [row("survived-suite", "survivor", ["draft_proposed"]),
+                                  row("survived-suite", "survivor", ["cached_tokens", "evictions"]),
+                                  row("survived-suite", "equivalent")]
+    t = tally(rows)
+    assert t["survivor"] == 2 and t["survivor-free-counts"] == 1 and t["equivalent"] == 1
+    assert score(t) == 8 / 10 and claims_score(t) == 8 / 9
+    assert claims_score(tally([row("survived-suite", "survivor", ["output"])])) == 0.0

@@ -14,6 +14,11 @@ KILLED = ("killed", "killed-crash", "killed-inconclusive")
 # A survivor whose difference shows in these is a wrong answer (or a failure) the suite let through; one
 # that differs only in reported counts (cached tokens, drafts) is an efficiency difference.
 WRONG_ANSWER = {"output", "finish_reason", "error", "steps", "results"}
+# Counts the contract makes no claim about: which drafts a drafter proposes, how many blocks an eviction
+# counted, how a prefill was chunked, whether a request was preempted. An engine may report any value
+# there as long as its outputs are right, so a survivor that differs only in these is a blind spot of the
+# strict score but not of the contract: `claims_score` leaves it out (reported beside, never instead).
+FREE_COUNTS = {"draft_proposed", "evictions", "prefill_chunks", "preempted"}
 HOW_KILLED = {"killed": "by-fail", "killed-crash": "by-crash", "killed-inconclusive": "by-inconclusive"}
 
 
@@ -34,7 +39,16 @@ def tally(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
             t[HOW_KILLED[r["outcome"]]] += 1
         if status(r) == "survivor" and set(r.get("differs_in") or ()) & WRONG_ANSWER:
             t["survivor-wrong-answer"] += 1
+        if status(r) == "survivor" and set(r.get("differs_in") or ()) <= FREE_COUNTS:
+            t["survivor-free-counts"] += 1
     return dict(t)
+
+
+def claims_score(t: Mapping[str, int]) -> float | None:
+    """killed / (killed + survivors that differ in something the contract claims: an output, a finish
+    reason, an error, a cached or accepted count); None when nothing could have been killed."""
+    denom = t.get("killed", 0) + t.get("survivor", 0) - t.get("survivor-free-counts", 0)
+    return t.get("killed", 0) / denom if denom else None
 
 
 def score(t: Mapping[str, int]) -> float | None:
@@ -99,7 +113,9 @@ def render(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], survivors
         t = tally(group)
         out.append(f"- **{mode}, seed {seed}**: {_pct(score(t))} ({t.get('killed', 0)} killed, {t.get('survivor', 0)} "
                    f"survivors of which {t.get('survivor-wrong-answer', 0)} with a wrong answer, {t.get('equivalent', 0)} equivalent, "
-                   f"{t.get('unfinished', 0) + t.get('undecided', 0)} unfinished or undecided)")
+                   f"{t.get('unfinished', 0) + t.get('undecided', 0)} unfinished or undecided); "
+                   f"{t.get('survivor-free-counts', 0)} survivors differ only in counts no claim covers "
+                   f"({', '.join(sorted(FREE_COUNTS))}): against the contract's claims {_pct(claims_score(t))}")
     for (mode, seed), group in sorted(runs(rows).items()):
         out += ["", f"### {mode}, seed {seed}: per module", ""] + _table("module", breakdown(group, "module"))
         out += ["", f"### {mode}, seed {seed}: per kind of mutation", ""] + _table("kind", breakdown(group, "kind"))
