@@ -1,4 +1,4 @@
-"""Does the bug need anything but the request? Each failing request sent again, alone, on a fresh engine.
+"""Does the bug need anything but the request? Each failing request sent again, alone, after a reset.
 
 A failure is found wherever the stream happened to be: in a batch of two, after another identity's
 traffic, on a warm cache. Which of that was needed is the first thing an engine developer asks, and
@@ -8,7 +8,8 @@ bugs (F3 of reports/transformers/known.json did: as scheduling on 4.46.3, as iso
 a planted off-by-one was headed "critical isolation" when no identity was involved.
 
 So the oracle is asked, not the heuristics: after the stream, while the engine is still up, each
-failing request is sent once more, alone, after a reset, under the configuration it failed in (its
+failing request is sent once more, alone, after a reset (the contract's fresh state), under the
+configuration it failed in (its
 drafter, k, chunk size stay: they are the request's setting, not traffic). That is an ordinary example,
 recorded and checked like any other, whose `example` event carries `alone`: the (example, request)
 pairs it re-sends. Where the lone request fails too, the grouping folds every finding about the pairs

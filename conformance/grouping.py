@@ -236,10 +236,11 @@ def _signature(f: RootCause) -> tuple:
 
 
 def _merge_alone(lone: RootCause, other: RootCause) -> RootCause:
-    """A finding whose request, sent again alone on a fresh engine, failed too (conformance.alone): one
+    """A finding whose request, sent again alone after a reset, failed too (conformance.alone): one
     bug, shown by the lone request, listed under what was in play for it."""
     why = (f"the same request failed in example {other.failure.example} (there under {other.check}); sent again "
-           f"alone on a fresh engine it fails too, so no earlier traffic, batch-mate or other identity is needed")
+           f"alone after a reset it fails too, so no batch-mate, other identity or cached prefix is needed (state an "
+           f"engine keeps across its reset would be: that is a bug of its own)")
     return RootCause(lone.check, lone.title, lone.failure, tuple(dict.fromkeys(lone.seen_by + other.seen_by)),
                      lone.failures + other.failures, lone.count + other.count, lone.reasons + (why,))
 

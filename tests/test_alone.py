@@ -1,4 +1,4 @@
-"""A failing request sent again alone on a fresh engine (conformance/alone.py): where it fails alone too,
+"""A failing request sent again alone after a reset (conformance/alone.py): where it fails alone too,
 the findings about it fold into the lone request's (one bug, its smallest witness, signed as the lone
 request from any context); where it passes alone, its context was needed and the finding stays as found.
 
@@ -35,7 +35,7 @@ def test_a_request_that_fails_alone_is_one_finding_shown_by_the_lone_request():
     (fd,) = group(h, analyse(h))
     assert fd.failure.example == 1 and fd.failure.witness["request"]["id"] == "alone" and fd.count == 2
     assert fd.check == "parity"  # nothing in play for the lone request
-    assert any("alone on a fresh engine it fails too" in why for why in fd.reasons)
+    assert any("alone after a reset it fails too" in why for why in fd.reasons)
     (sig, _), = signed_findings(h, analyse(h))
     assert sig.mechanism.startswith("plain decoding")
 
@@ -73,7 +73,7 @@ def test_a_run_re_sends_each_failing_request_alone(fault, folded, tmp_path):
     probes = [ex for ex in out.history.examples if ex.alone]
     assert probes and all(len(ex.batches) == 1 and len(ex.batches[0].requests) == 1 for ex in probes)
     findings = json.loads((out.run_dir / "results.json").read_text())["findings"]
-    lone = [fd for fd in findings if any("alone on a fresh engine it fails too" in why for why in fd["reasons"])]
+    lone = [fd for fd in findings if any("alone after a reset it fails too" in why for why in fd["reasons"])]
     assert bool(lone) == folded, [(fd["check"], fd["reasons"]) for fd in findings]
     if not folded:
         assert findings[0]["check"] == "isolation"
