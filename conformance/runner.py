@@ -43,10 +43,9 @@ from conformance.run_outcome import RunOutcome
 from conformance.scenario_runner import ScenarioRunner
 from conformance.shards import DERANDOMISED
 from conformance.shrink_budget import ShrinkBudget, ShrinkTally, ShrinkTimeUp
-from conformance.verdicts import FAIL
 from conformance.scenario import Step
 from conformance.strategies import scenarios
-from conformance.verdicts import CheckFailure
+from conformance.verdicts import FAIL, CheckFailure
 
 
 class ConformanceFailure(AssertionError):
