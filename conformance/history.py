@@ -5,9 +5,7 @@ never loses the evidence, and `kvparity report RUN_DIR` can re-analyse a run wit
 Every line is one event, flushed as it is written (fsynced at example boundaries and errors):
 
     run_start    {engine, engine_args, capabilities, versions, seed, profile}
-    example      {index, completion?, alone?}
-                                          one Hypothesis example (or one replay) starts; `alone`: a
-                                          failing request re-sent alone (conformance/alone.py)
+    example      {index, completion?, alone?}  an example (or replay) starts (`alone`: conformance/alone.py)
     config       {config}                 engine.configure(config) is about to be called
     reset        {snapshot?}              engine.reset() returned (white-box: the pool at rest)
     submit       {requests}               engine.run(requests) is about to be called
@@ -44,7 +42,7 @@ from conformance import untrusted
 from conformance.contract import Baseline, Capabilities, Request, Result
 from conformance.history_chain import FIELD as CHAIN_FIELD
 from conformance.history_chain import GENESIS, Integrity, chained_line, verify
-from conformance.history_codec import (baseline_from, capabilities_from, current_key, encode, oracle_key_str,
+from conformance.history_codec import (alone_pairs, baseline_from, capabilities_from, current_key, encode, oracle_key_str,
                                        request_from, result_from)
 
 # --------------------------------------------------------------------------- writing
@@ -215,9 +213,7 @@ class Example:
     # A coverage-completion example (conformance/completion.py): the situations it went after and each
     # batch's arm; None for an example of the stream.
     completion: dict[str, Any] | None = None
-    # A lone re-send after the stream (conformance/alone.py): the (example, request id) pairs whose
-    # request it sends again alone on a fresh engine; None for any other example.
-    alone: tuple[tuple[int, str], ...] | None = None
+    alone: tuple[tuple[int, str], ...] | None = None  # a lone re-send (conformance/alone.py): the pairs it re-sends
 
     def steps(self) -> list[dict[str, Any]]:
         return list(self.step_list)
@@ -282,11 +278,9 @@ class History:
 
 class HistoryBuilder:
     """Turns events into a `History` one at a time, so a live run holds one complete, growing `History`
-    (fed by its writer) instead of re-parsing slices of its events and patching in what they lack.
-
-    A `batch` takes its requests from the `submit` before it (older histories carried them in the
-    `batch` event itself, and are read the same way). Events before any `example` event form example 0.
-    """
+    (fed by its writer) instead of re-parsing slices of its events and patching in what they lack. A
+    `batch` takes its requests from the `submit` before it (older histories carried them in the `batch`
+    event, read the same way); events before any `example` event form example 0."""
 
     def __init__(self, capabilities: Capabilities | None = None,
                  baselines: dict[str, Baseline] | None = None) -> None:
@@ -316,7 +310,7 @@ class HistoryBuilder:
                 h.capabilities = capabilities_from(ev["capabilities"])
         elif kind == "example":
             self._current = Example(index=int(ev.get("index", len(h.examples))), completion=ev.get("completion"),
-                                    alone=_alone_mark(ev.get("alone")))
+                                    alone=alone_pairs(ev.get("alone")))
             h.examples.append(self._current)
             self._epoch = self._segment = 0
             self._config = {}
@@ -404,12 +398,3 @@ def load_verified(path: str | os.PathLike[str]) -> tuple[History, Integrity]:
     h.errors.extend(problems)
     h.errors.extend(integrity.problems)
     return h, integrity
-
-
-def _alone_mark(raw: Any) -> tuple[tuple[int, str], ...] | None:
-    """The `alone` field of an `example` event, read as untrusted data: (example, request id) pairs."""
-    if not isinstance(raw, list):
-        return None
-    pairs = tuple((p[0], p[1]) for p in raw if isinstance(p, list) and len(p) == 2
-                  and isinstance(p[0], int) and not isinstance(p[0], bool) and isinstance(p[1], str))
-    return pairs or None

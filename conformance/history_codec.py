@@ -133,3 +133,12 @@ def current_key(key: str) -> str:
     revision, adapter, digest, prompt, max_tokens, stop_ids = untrusted.loads(key, "a baseline key")
     return repr((revision, adapter, digest, tuple(int(t) for t in prompt), int(max_tokens),
                  tuple(int(t) for t in stop_ids)))
+
+
+def alone_pairs(raw: Any) -> tuple[tuple[int, str], ...] | None:
+    """The `alone` field of an `example` event, read as untrusted data: (example, request id) pairs."""
+    if not isinstance(raw, list):
+        return None
+    pairs = tuple((p[0], p[1]) for p in raw if isinstance(p, list) and len(p) == 2
+                  and isinstance(p[0], int) and not isinstance(p[0], bool) and isinstance(p[1], str))
+    return pairs or None
