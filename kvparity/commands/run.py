@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                      help="seconds per engine call (construction and close included) before it counts as hung")
     run.add_argument("--no-shrink", "-x", "--exitfirst", action="store_true",
-                     help="stop at the first failing example and report it unshrunk (faster)")
+                     help="report each failing example unshrunk (faster); the run still looks on for other bugs "
+                          "within its examples (docs/running.md, \"Known findings, and several bugs per run\")")
     run.add_argument("--max-shrink-seconds", type=positive_seconds, default=DEFAULT_MAX_SHRINK_SECONDS,
                      help="stop shrinking a failure after this many seconds; the witness so far is reported")
     run.add_argument("--calibration", default=None, metavar="FILE",
