@@ -52,7 +52,7 @@ def probes(history: History, findings: Sequence[Any]) -> list[Any]:
 
     by_key: dict[tuple, tuple[Request, dict[str, Any], list[list[Any]]]] = {}
     for fd in findings:
-        for failure in (fd.failure, *fd.failures):
+        for failure in fd.failures:  # the record shown is one of them
             found = _request_of(history, failure)
             if found is None:
                 continue
