@@ -28,7 +28,9 @@ def rerun_command(args: argparse.Namespace, seed: int | None) -> str:
         argv += ["--max-examples", str(args.max_examples)]
     if args.calibration:
         argv += ["--calibration", args.calibration]
-    if args.no_shrink:
+    if args.exitfirst:
+        argv.append("--exitfirst")
+    elif args.no_shrink:
         argv.append("--no-shrink")
     elif args.max_shrink_seconds != DEFAULT_MAX_SHRINK_SECONDS:
         argv += ["--max-shrink-seconds", f"{args.max_shrink_seconds:g}"]

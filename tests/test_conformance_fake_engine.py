@@ -15,11 +15,13 @@ from conformance.stateful import session_machine
 from fake_engine import FakeDictEngine
 
 
-def run(tmp_path, bug="none", shrink=False, max_examples=40, checks=None, seed=7, **kw):
+def run(tmp_path, bug="none", shrink=False, max_examples=40, checks=None, seed=7, keep_looking=True,
+        max_shrink_seconds=None, **kw):
     engine = FakeDictEngine(bug=bug, **kw)
     return run_suite(engine, RunConfig(engine_name=f"fake-{bug}", profile="dev", report_dir=tmp_path / "reports",
                                        seed=seed, max_examples=max_examples, database_dir=tmp_path / "db",
-                                       shrink=shrink, timeout_s=2, checks=checks))
+                                       shrink=shrink, timeout_s=2, checks=checks, keep_looking=keep_looking,
+                                       max_shrink_seconds=max_shrink_seconds))
 
 
 def test_clean_fake_passes_and_writes_a_complete_report(tmp_path):
@@ -63,13 +65,13 @@ def test_near_ties_are_counted_not_failed_under_tolerance(tmp_path, seed):
 
 
 def test_failure_is_shrunk_to_a_small_witness_with_replay_command(tmp_path):
-    """Hypothesis' shrinking, then the minimiser (`--minimise`): together they reach one cached block and
+    """Ten seconds of Hypothesis' shrinking, then the minimiser (`--minimise`): together they reach one cached block and
     the last token. Shrinking alone cannot always: when the first failure it meets is in a `flood` (long
     prompts whose length is drawn from a range, and which stream that is depends on the local modules
     imported: Hypothesis draws their constants), it stays at the range's lower end."""
     from conformance.minimise import minimise_witness_file
 
-    outcome = run(tmp_path, "wrong_after_hit", shrink=True)
+    outcome = run(tmp_path, "wrong_after_hit", shrink=True, keep_looking=False, max_shrink_seconds=10)
     (f,) = [f for f in outcome.analysis.failures if f.check == "parity"]
     witness = outcome.run_dir / "witnesses" / f"{f.case_id}.json"
     assert witness.is_file() and f"kvparity replay {witness}" in (outcome.run_dir / "report.md").read_text()

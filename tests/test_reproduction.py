@@ -125,11 +125,16 @@ def test_the_fault_zoo_caps_shrinking_through_the_public_flag():
 
 
 def test_x_stops_at_the_first_failure():
-    from kvparity.commands.run import build_parser
+    from conformance.reproduce import rerun_command
+    from kvparity.commands.run import build_parser, config_from
 
-    for flag in ("-x", "--exitfirst", "--no-shrink"):
+    for flag in ("-x", "--exitfirst"):
         args = build_parser().parse_args(["--engine", "reference", flag])
-        assert args.no_shrink is True
+        assert args.exitfirst is True and args.no_shrink is False
+        assert config_from(args, None, None).keep_looking is False and not config_from(args, None, None).shrink
+    args = build_parser().parse_args(["--engine", "reference", "--no-shrink"])
+    assert config_from(args, None, None).keep_looking is True and not config_from(args, None, None).shrink
+    assert "--exitfirst" in rerun_command(build_parser().parse_args(["--engine", "reference", "-x"]), 1)
     assert build_parser().parse_args(["--engine", "reference"]).max_shrink_seconds == 60.0
 
 

@@ -58,7 +58,7 @@ def test_suite_catches_transformers_persistent_manager_keeping_its_first_stop_id
     call's stop ids are ignored. The suite must fail the run, naming generation past a stop token."""
     pytest.importorskip("transformers")
     code = main(["run", "--engine", "transformers", "--engine-arg", "modes=batch", "--checks", "accounting,parity",
-                 "--profile", "ci", "--seed", "0", "--no-shrink", "--report-dir", str(tmp_path)])
+                 "--profile", "ci", "--seed", "0", "-x", "--report-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1, out
     assert "[accounting]" in out or "[parity]" in out

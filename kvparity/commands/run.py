@@ -38,9 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override the profile's example count (none: the profile's)")
     run.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                      help="seconds per engine call (construction and close included) before it counts as hung")
-    run.add_argument("--no-shrink", "-x", "--exitfirst", action="store_true",
+    run.add_argument("--no-shrink", action="store_true",
                      help="report each failing example unshrunk (faster); the run still looks on for other bugs "
                           "within its examples (docs/running.md, \"Known findings, and several bugs per run\")")
+    run.add_argument("-x", "--exitfirst", action="store_true",
+                     help="stop at the first failing example, unshrunk: the quickest red, and the only failure the "
+                          "run reports (as pytest -x)")
     run.add_argument("--max-shrink-seconds", type=positive_seconds, default=DEFAULT_MAX_SHRINK_SECONDS,
                      help="stop shrinking a failure after this many seconds; the witness so far is reported")
     run.add_argument("--calibration", default=None, metavar="FILE",
@@ -81,7 +84,8 @@ def config_from(args: argparse.Namespace, calibration: Any, known: Any) -> Any:
     return RunConfig(engine_name=args.engine, engine_args=parse_engine_args(args.engine_arg),
                      profile=args.profile, checks=[c for c in args.checks.split(",") if c.strip()],
                      report_dir=args.report_dir, seed=args.seed, max_examples=args.max_examples,
-                     timeout_s=args.timeout, shrink=not args.no_shrink,
+                     timeout_s=args.timeout, shrink=not (args.no_shrink or args.exitfirst),
+                     keep_looking=not args.exitfirst,
                      max_shrink_seconds=args.max_shrink_seconds,
                      tolerance=calibration.tau if calibration else None,
                      calibration=calibration.path if calibration else None, close=True,
