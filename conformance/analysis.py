@@ -105,10 +105,11 @@ def analyse(history: History, names: Sequence[str] | None = None,
 
 def example_verdicts(history: History, example: Example, names: Sequence[str]) -> dict[str, CheckResult]:
     """Every chosen check over one example — what a Hypothesis example raises on to shrink. Run-scoped
-    checks are included (the positive control can fail within one example), but only the example-scoped
-    results may be reused for the run (`analyse(known=...)`)."""
+    checks are judged by their per-example part (`CheckSpec.per_example`: the positive control can fail
+    within one example; situation coverage cannot), and only the example-scoped results may be reused
+    for the run (`analyse(known=...)`)."""
     view = history.only(example)
-    return {name: run_check(CHECKS[name], view) for name in names}
+    return {name: run_check(CHECKS[name].for_one_example(), view) for name in names}
 
 
 def failures_of(verdicts: Mapping[str, CheckResult]) -> list[CheckFailure]:

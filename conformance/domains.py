@@ -3,14 +3,37 @@ prompt lengths, output limits, stop ids, identities, configurations."""
 
 from __future__ import annotations
 
+import functools
 import random
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from attrs import evolve
 from hypothesis import strategies as st
 
 from conformance.contract import Capabilities, Identity
 from conformance.scenario import MAX_NEW, MAX_PROMPT
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def per_engine(fn: F) -> F:
+    """Build a strategy once per (capabilities, arguments): a stream draws thousands of fields, and a
+    strategy built afresh is validated afresh by Hypothesis each time (most of what drawing cost). The
+    capabilities object is kept with its entry, so its id cannot be reused for another while cached."""
+    cache: dict[tuple, tuple[Any, Any]] = {}
+
+    @functools.wraps(fn)
+    def cached(caps: Any, *args: Any) -> Any:
+        key = (id(caps), *args)
+        hit = cache.get(key)
+        if hit is None or hit[0] is not caps:
+            if len(cache) >= 4096:
+                cache.clear()
+            hit = cache[key] = (caps, fn(caps, *args))
+        return hit[1]
+
+    return cached  # type: ignore[return-value]
 
 
 def max_prompt_len(caps: Capabilities, config: Mapping[str, Any] | None = None) -> int:
@@ -24,6 +47,7 @@ def token_range(caps: Capabilities) -> tuple[int, int]:
     return lo, min(caps.vocab_size - 1, lo + 47)
 
 
+@per_engine
 def tokens(caps: Capabilities) -> st.SearchStrategy[int]:
     lo, hi = token_range(caps)
     eos = caps.eos_id
@@ -64,6 +88,7 @@ def seeded_tokens(caps: Capabilities, n: int, seed: int) -> tuple[int, ...]:
     return tuple(rng.choice(alphabet) for _ in range(n))
 
 
+@per_engine
 def token_lists(caps: Capabilities, n: int) -> st.SearchStrategy[tuple[int, ...]]:
     """`n` tokens drawn as ONE choice (a seed), not n: shrinking a length drawn before this (a prompt,
     a root, a suffix) then shortens the tokens without shifting every later choice of the scenario,
@@ -74,6 +99,7 @@ def token_lists(caps: Capabilities, n: int) -> st.SearchStrategy[tuple[int, ...]
     return st.one_of(st.integers(0, 7), st.integers(8, 2**24)).map(lambda seed: seeded_tokens(caps, n, seed))
 
 
+@per_engine
 def prompt_lengths(caps: Capabilities, top: int | None = None) -> st.SearchStrategy[int]:
     """Mostly k * block_size + {+1, 0, -1}; sometimes anything. Never below 1 or above the cap
     (`Stream.fresh_request` adds the other end of the domain: prompts that fill the context).
@@ -87,6 +113,7 @@ def prompt_lengths(caps: Capabilities, top: int | None = None) -> st.SearchStrat
     return st.one_of(near, st.integers(1, min(top, 3 * b))).map(lambda n: min(max(1, n), top))
 
 
+@functools.lru_cache(maxsize=1024)
 def at_context_end(budget: int, limit: int, past: bool = False) -> st.SearchStrategy[int]:
     """A prompt length at the far end of the domain: the request fills the context exactly (its last
     output token takes the last position a request may use) or stops one short of it — and, for an
@@ -95,10 +122,12 @@ def at_context_end(budget: int, limit: int, past: bool = False) -> st.SearchStra
     return st.sampled_from((0, 1, -1) if past else (0, 1)).map(lambda short: max(1, limit - budget - short))
 
 
+@per_engine
 def max_tokens(caps: Capabilities) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from((1, 2, 4)), st.integers(1, MAX_NEW))
 
 
+@per_engine
 def stop_ids(caps: Capabilities) -> st.SearchStrategy[tuple[int, ...]]:
     return st.integers(0, 4).flatmap(
         lambda n: st.just(()) if n else st.lists(tokens(caps), min_size=1, max_size=2).map(tuple))
@@ -135,6 +164,7 @@ def identity_strings(caps: Capabilities) -> list[str]:
     return sorted({"tenant-a", *names, *caps.revisions})
 
 
+@per_engine
 def derived_salts(caps: Capabilities) -> st.SearchStrategy[tuple[str, ...]]:
     """One or two salts made from the identity strings in play, each one edit away from one of them:
     a character appended (a key that truncates), the last dropped (a key that compares prefixes), the
@@ -189,6 +219,7 @@ def one_binding_per_adapter(items: tuple) -> tuple:
     return tuple(out)
 
 
+@per_engine
 def configs(caps: Capabilities) -> st.SearchStrategy[dict[str, Any]]:
     """One point of `config_space`: each knob drawn from its allowed values (the first shrinks best)."""
     space = {k: tuple(v) for k, v in sorted(caps.config_space.items()) if v}

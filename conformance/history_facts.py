@@ -10,6 +10,8 @@ stories and the minimiser read a history the same way the checks do; stated here
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Iterable, Mapping
 
 from conformance.contract import Capabilities, Identity, Request, Result
@@ -128,9 +130,11 @@ def naive_keys(identity, sep: str) -> set[str]:
     return {sep.join(fields), sep.join(fields[::-1])}
 
 
+@functools.lru_cache(maxsize=4096)
 def collide(a, b) -> bool:
     """Two identities that one key joining salt and adapter by some one character (or none) confuses.
-    Only a character of their own strings can join both into one string, so those (and none) are tried."""
+    Only a character of their own strings can join both into one string, so those (and none) are tried.
+    Cached: a stream holds a handful of identities, and coverage asks about every pair of requests."""
     if a == b or a.revision != b.revision:
         return False
     seps = {""} | {c for i in (a, b) for s in (i.salt, i.adapter) if s for c in s}

@@ -266,23 +266,21 @@ def block_after_other_prefix(h: History) -> int:
     requiring it would turn a clean run inconclusive."""
     n = 0
     for batches in cache_epochs(h):
-        sent: list = []  # (identity, prompt, its blocks) of the epoch's earlier batches
+        prompts: dict = {}  # identity -> the prompts the epoch's earlier batches sent
+        after: dict = {}  # identity -> a block's tokens -> the prefixes it was sent after
         for b in batches:
             bs = batch_block_size(h, b)
             for q in b.requests:
-                mine = [(p, blocks) for ident, p, blocks in sent if ident == q.identity]
-                reach = max((lcp(q.prompt, p) // bs for p, _ in mine), default=0)
-                n += any(_after_other_prefix(q.prompt, i, blk, mine, bs)
+                seen = after.get(q.identity, {})
+                reach = max((lcp(q.prompt, p) // bs for p in prompts.get(q.identity, ())), default=0)
+                n += any(any(prefix != q.prompt[:i * bs] for prefix in seen.get(blk, ()))
                          for i, blk in enumerate(_blocks(q.prompt, bs)[:reach + 1]))
-            sent.extend((p.identity, p.prompt, _blocks(p.prompt, bs)) for p in b.requests)
+            for p in b.requests:
+                prompts.setdefault(p.identity, []).append(p.prompt)
+                index = after.setdefault(p.identity, {})
+                for j, blk in enumerate(_blocks(p.prompt, bs)):
+                    index.setdefault(blk, set()).add(p.prompt[:j * bs])
     return n
-
-
-def _after_other_prefix(prompt: tuple, i: int, block: tuple, earlier: list, bs: int) -> bool:
-    """Whether block `i` of `prompt` has the tokens of some earlier prompt's block j sent after another
-    prefix than `prompt[:i * bs]`."""
-    return any(block == theirs and prompt[:i * bs] != p[:j * bs]
-               for p, blocks in earlier for j, theirs in enumerate(blocks))
 
 
 # -- inputs that only a careless key confuses --------------------------------------------------------

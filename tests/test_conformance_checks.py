@@ -161,6 +161,34 @@ def test_spec_independence_pair_under_different_k():
     assert bad.status("history_independence") != "fail"  # attributed to speculation, not cache state
 
 
+def _knob_and_hit(wrong_first: bool, wrong_drafts: int) -> Crafted:
+    """The same request twice, differing in the speculation knob *and* a cache hit: the run with the hit
+    (spec_k 0, `wrong_drafts` drafts reported) is wrong; the one with speculation on and no hit is right
+    (the vLLM 0.32.0 LoRA finding's shape: a poisoned cache entry served to a repeat)."""
+    hit = (lambda rid: res(rid, [1, 2, 4], cached=8, draft_proposed=wrong_drafts), {"spec_k": 0})
+    cold = (lambda rid: res(rid, [1, 2, 3], draft_proposed=3, draft_accepted=1), {"spec_k": 2})
+    h = Crafted().baseline(Q, [1, 2, 3])
+    for n, (result, config) in enumerate((hit, cold) if wrong_first else (cold, hit)):
+        h.config(**config).batch((req(f"q{n}", P), result(f"q{n}")))
+    return h
+
+
+@pytest.mark.parametrize("wrong_first", [False, True])
+def test_a_pair_differing_in_a_knob_and_a_hit_is_blamed_on_what_the_wrong_run_used(wrong_first):
+    """Plain decoding sides with the speculative run; the wrong one proposed no drafts but was served
+    from the cache: a cache finding, witnessed by the wrong run (earlier or later), not a speculation one."""
+    h = _knob_and_hit(wrong_first, wrong_drafts=0)
+    (f,) = [x for x in h.failures("history_independence") if x.title == "output depends on cache state"]
+    assert f.witness["request"]["id"] == ("q0" if wrong_first else "q1") and f.witness["output"] == [1, 2, 4]
+    assert f.witness["earlier_output"] == [1, 2, 3]
+    assert h.status("spec_independence") != "fail"
+    # the control: the wrong run did speculate, so speculation stays a suspect and keeps the pair
+    spec = _knob_and_hit(wrong_first, wrong_drafts=2)
+    (g,) = [x for x in spec.failures("spec_independence") if x.title == "output depends on speculation"]
+    assert g.witness["output"] == [1, 2, 4]
+    assert all(x.title != "output depends on cache state" for x in spec.failures("history_independence"))
+
+
 def test_spec_independence_lone_speculative_result_vs_baseline():
     h = Crafted().batch((Q, res("q", [1, 9, 3], draft_proposed=4, draft_accepted=2))).baseline(Q, [1, 2, 3])
     assert h.status("spec_independence") == "fail"

@@ -80,7 +80,7 @@ def test_a_pair_check_shows_plain_decoding_beside_both_runs_and_names_the_wrong_
     assert d["pairwise"] and d["baseline"] == [5, 6] and d["wrong"] == "got"
     md = report_md(results)
     assert "| plain decoding | 5 | 6 |" in md
-    assert ("**Which run is wrong**: the earlier run (batch 0) matches plain decoding; the later run (batch 1) "
+    assert ("**Which run is wrong**: the run in batch 0 matches plain decoding; the run in batch 1 "
             "differs from it.") in md
     assert fd["headline"] == ("A repeated request's output differs from plain decoding after a prefix-cache hit "
                               "(4 cached tokens) (request r1, position 1)")

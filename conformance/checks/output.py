@@ -3,7 +3,9 @@ traffic, on speculation, on scheduling or on evictions (BUG_CLASSES B, C, D).
 
 The independence checks compare every pair of runs of one oracle key and attribute a difference to the
 claim the runs differ in: a knob of role "speculation" → spec_independence, "schedule" or another batch
-shape → schedule_independence, else (same configuration, same batch) history_independence.
+shape → schedule_independence, else (same configuration, same batch) history_independence. Where plain
+decoding sides with one run, the evidence decides instead (`_attribute`): the other run is the witness,
+and a mechanism it reports inactive is not blamed when another it reports is what the right run lacked.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from conformance.contract import Capabilities, Request, Result
 from conformance.history import BatchRecord, History
 from conformance.history_codec import oracle_key_str
 from conformance.history_facts import batch_evicted, chunked, knob_role, mechanisms, occurrences
-from conformance.oracle import NEAR_TIE, compare_pair
+from conformance.oracle import DIVERGE, FINISH, NEAR_TIE, compare, compare_pair
 from conformance.verdicts import CheckResult, Severity
 
 
@@ -45,6 +47,39 @@ def _pair_role(caps: Capabilities | None, b1: BatchRecord, i1: int, b2: BatchRec
     return "history_independence"
 
 
+_MECHANISM = {"spec_independence": "spec", "history_independence": "cache", "schedule_independence": "schedule"}
+_CLAIM = {m: claim for claim, m in _MECHANISM.items()}
+Run = tuple[BatchRecord, int, Request, Result]
+
+
+def _reports(caps: Capabilities | None, mechanism: str) -> bool:
+    """Whether the engine reports a mechanism's activity, so that a result showing none is evidence of
+    its absence (scheduling has knobs nothing reports, so it never is)."""
+    return caps is not None and {"cache": caps.reports_cached_tokens, "spec": caps.reports_drafts}.get(mechanism, False)
+
+
+def _attribute(h: History, first: Run, second: Run) -> tuple[str, Run, Run]:
+    """(claim, right run, witness run) for a pair of runs that differ. By default the claim the runs'
+    configurations and batch shapes differ in, witnessed by the later run. When plain decoding agrees
+    with exactly one run, the other is the witness; and when the witness reports the default claim's
+    mechanism inactive (no drafts proposed, no cached tokens) while reporting one the right run lacks,
+    that one is blamed: a wrong repeat served a poisoned cache entry is a cache finding, whatever knob
+    the right run happened to differ in."""
+    claim = _pair_role(h.capabilities, first[0], first[1], second[0], second[1])
+    base = h.baseline_for(first[2])
+    wrong = [base is not None and compare(base, r.output, r.finish_reason, h.tolerance).kind in (DIVERGE, FINISH)
+             for _, _, _, r in (first, second)]
+    if wrong != [True, False] and wrong != [False, True]:
+        return claim, first, second
+    right, witness = (second, first) if wrong[0] else (first, second)
+    active = mechanisms(witness[0], witness[3])
+    if _reports(h.capabilities, _MECHANISM[claim]) and _MECHANISM[claim] not in active:
+        lacked = sorted(m for m in active - mechanisms(right[0], right[3]) if m in _CLAIM)
+        if lacked:
+            claim = _CLAIM[lacked[0]]
+    return claim, right, witness
+
+
 def _independence(f: CheckRecorder, h: History, single: Callable[[BatchRecord, Result], bool], what: str) -> CheckResult:
     """Shared body: pairs of runs of the same oracle key attributed to this check, plus single results
     whose mechanism (cache hit / accepted draft / chunking or batching) was active, compared to the oracle."""
@@ -55,23 +90,28 @@ def _independence(f: CheckRecorder, h: History, single: Callable[[BatchRecord, R
     for key, occs in groups.items():
         for a in range(len(occs)):
             for z in range(a + 1, len(occs)):
-                (b1, i1, q1, r1), (b2, i2, q2, r2) = occs[a], occs[z]
-                if _pair_role(h.capabilities, b1, i1, b2, i2) != name:
+                first, second = occs[a], occs[z]
+                c = compare_pair(first[3].output, first[3].finish_reason, second[3].output, second[3].finish_reason,
+                                 h.baselines.get(key), h.tolerance)
+                if c.ok:
+                    if _pair_role(h.capabilities, first[0], first[1], second[0], second[1]) == name:
+                        f.stats["pairs"] += 1
+                        f.stats["near_ties"] += c.kind == NEAR_TIE
+                    continue
+                claim, (b1, i1, q1, r1), (b2, i2, q2, r2) = _attribute(h, first, second)
+                if claim != name:
                     continue
                 f.stats["pairs"] += 1
-                c = compare_pair(r1.output, r1.finish_reason, r2.output, r2.finish_reason,
-                                 h.baselines.get(key), h.tolerance)
-                if c.kind == NEAR_TIE:
-                    f.stats["near_ties"] += 1
-                elif not c.ok:
-                    w = divergence_witness(b2, i2, q2, r2, c)
-                    w.update(earlier_request=request_json(q1), earlier_batch=b1.index, earlier_config=b1.config,
-                             earlier_output=list(r1.output), earlier_cached_tokens=r1.cached_tokens)
-                    f.fail(b2.example, f"output depends on {what}",
-                           f"The same request ({q2.identity.label()}, {len(q2.prompt)} prompt tokens) gave "
-                           f"different outputs: {c.describe()} (first run: batch {b1.index}, "
-                           f"{context_prose(b1, r1)}; second run: batch {b2.index}, {context_prose(b2, r2)}).",
-                           w)
+                if (b1, i1) != (first[0], first[1]):  # the witness is the earlier run: it plays "got"
+                    c = compare_pair(r1.output, r1.finish_reason, r2.output, r2.finish_reason,
+                                     h.baselines.get(key), h.tolerance)
+                w = divergence_witness(b2, i2, q2, r2, c)
+                w.update(earlier_request=request_json(q1), earlier_batch=b1.index, earlier_config=b1.config,
+                         earlier_output=list(r1.output), earlier_cached_tokens=r1.cached_tokens)
+                f.fail(b2.example, f"output depends on {what}",
+                       f"The same request ({q2.identity.label()}, {len(q2.prompt)} prompt tokens) gave "
+                       f"different outputs: {c.describe()} (one run: batch {b1.index}, {context_prose(b1, r1)}; "
+                       f"the other: batch {b2.index}, {context_prose(b2, r2)}).", w)
     for b, i, q, r in occurrences(h):
         # Attribute a lone divergence to this mechanism only when it was the only one in play; when
         # several were, parity reports it and the pairwise comparisons above tell them apart.

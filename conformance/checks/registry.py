@@ -10,6 +10,7 @@ import json
 from collections import Counter
 from typing import Any, Callable, Mapping
 
+import attrs
 from attrs import frozen
 
 from conformance.contract import Capabilities
@@ -28,13 +29,21 @@ class CheckSpec:
     scope: str = "example"  # "example": judged per Hypothesis example; "run": over the whole run
     applies: Callable[[Capabilities], bool] = lambda caps: True
     doc: str = ""
+    # a run-scoped check's part that can fail within one example (what a Hypothesis example raises on);
+    # None: the whole check, per example too
+    per_example: Callable[[History, "CheckRecorder"], CheckResult] | None = None
+
+    def for_one_example(self) -> "CheckSpec":
+        """The spec to judge one example by: a run-scoped check's `per_example` part where it has one."""
+        return self if self.per_example is None else attrs.evolve(self, fn=self.per_example, per_example=None)
 
 
 CHECKS: dict[str, CheckSpec] = {}
 
 
 def check(*, title: str, severity: Severity, bug_class: str, scope: str = "example",
-          applies: Callable[[Capabilities], bool] = lambda caps: True):
+          applies: Callable[[Capabilities], bool] = lambda caps: True,
+          per_example: Callable[[History, "CheckRecorder"], CheckResult] | None = None):
     """Register a check under its function's name (the name users pass to `--checks`)."""
 
     def deco(fn: Callable[[History, CheckRecorder], CheckResult]) -> Callable[[History, CheckRecorder], CheckResult]:
@@ -42,7 +51,7 @@ def check(*, title: str, severity: Severity, bug_class: str, scope: str = "examp
         if name in CHECKS:
             raise ValueError(f"check {name!r} registered twice")
         CHECKS[name] = CheckSpec(name, title, Severity(severity), bug_class, fn, scope, applies,
-                                 (fn.__doc__ or "").strip().split("\n")[0])
+                                 (fn.__doc__ or "").strip().split("\n")[0], per_example)
         return fn
 
     return deco

@@ -54,7 +54,7 @@ def _divergence(history: History, w: Mapping[str, Any]) -> dict[str, Any] | None
     comparison = w.get("comparison") or {}
     got = list(w.get("output", []))
     return {"position": w.get("first_divergent_position"), "expected": list(expected), "got": got,
-            "expected_from": (f"the same request's earlier run, batch {w.get('earlier_batch')}" if pairwise
+            "expected_from": (f"the same request's other run, batch {w.get('earlier_batch')}" if pairwise
                               else "plain greedy decoding"),
             "pairwise": pairwise, "earlier_batch": w.get("earlier_batch"), "batch": w.get("batch"),
             "baseline": list(base.output) if base is not None else None,
@@ -277,7 +277,7 @@ def divergence_blocks(d: Mapping[str, Any], texts: Mapping[str, str], request: s
 
     have_text = any(text_key([t]) in texts for t in exp[lo:hi] + got[lo:hi])
     pair, base = bool(d.get("pairwise")), d.get("baseline")
-    first = f"earlier run (batch {d.get('earlier_batch')})" if pair else "expected"
+    first = f"other run (batch {d.get('earlier_batch')})" if pair else "expected"
     rows = []
     if pair and base is not None:
         rows.append(["plain decoding", *[Cell(str(base[i]) if i < len(base) else "<end>") for i in cols]])
@@ -303,7 +303,7 @@ def divergence_blocks(d: Mapping[str, Any], texts: Mapping[str, str], request: s
 
 def _which_side(d: Mapping[str, Any]) -> str:
     """A pair check's two runs beside plain decoding, in one sentence: which of them is wrong."""
-    earlier, later = f"the earlier run (batch {d.get('earlier_batch')})", f"the later run (batch {d.get('batch')})"
+    earlier, later = f"the run in batch {d.get('earlier_batch')}", f"the run in batch {d.get('batch')}"
     wrong = d.get("wrong")
     if d.get("baseline") is None:
         return "Plain decoding of this request was not recorded, so which run is wrong cannot be said."

@@ -1,0 +1,64 @@
+"""How fast the harness alone is: the CI profile's stream against an engine that answers instantly.
+
+    python benchmarks/instant_engine.py [--profile ci] [--repeats 2] [--cprofile N]
+
+The engine is the suite's FAKE (tests/fake_engine.py: a hash for a model, a dict for a cache), so
+nearly every second spent is the harness's own — drawing the stream, recording and encoding the
+history, the checks, the situations and coverage. A GPU engine answers CI-sized requests at thousands
+per second; a harness slower than that is what a campaign waits on (issue 32's goal: >= 2,000 checked
+requests per second per core). Prints, per repeat: requests checked, process CPU seconds, requests per
+CPU second, and the engine's share of the wall time. `--cprofile N` prints the N most expensive
+functions of the last repeat (cumulative). One process, one core: compare ratios within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--profile", default="ci", help="suite profile")
+    ap.add_argument("--repeats", type=int, default=2, help="runs (the first pays imports and caches)")
+    ap.add_argument("--cprofile", type=int, default=0, help="print the N most expensive functions (0: none)")
+    args = ap.parse_args(argv)
+
+    from fake_engine import FakeDictEngine  # the suite's FAKE engine, for measuring the suite itself
+
+    from conformance.calls import EngineCalls
+    from conformance.runner import run_suite
+    from conformance.run_config import RunConfig
+
+    profiler = None
+    for n in range(args.repeats):
+        calls = EngineCalls(300.0)
+        profiler = cProfile.Profile() if args.cprofile and n == args.repeats - 1 else None
+        with tempfile.TemporaryDirectory() as out:
+            wall0, cpu0 = time.perf_counter(), time.process_time()
+            if profiler:
+                profiler.enable()
+            outcome = run_suite(FakeDictEngine(), RunConfig(engine_name="fake", profile=args.profile, report_dir=out,
+                                                            database_dir=out), calls=calls)
+            if profiler:
+                profiler.disable()
+            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        requests = sum(len(b.requests) for b in outcome.history.batches())
+        print(f"repeat {n}: {outcome.verdict.upper()}, {outcome.examples} examples, {requests} requests; "
+              f"wall {wall:.2f} s, CPU {cpu:.2f} s: {requests / cpu:.0f} requests per CPU second; "
+              f"engine {calls.busy_s / wall:.1%} of the wall time")
+    if profiler:
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(args.cprofile)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
