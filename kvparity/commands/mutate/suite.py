@@ -46,7 +46,7 @@ class SuiteRun:
 def suite_command(profile: str, seed: int, blackbox: bool, report_dir: Path, max_examples: int | None,
                   call_timeout_s: float) -> list[str]:
     cmd = [sys.executable, "-m", "kvparity", "run", "--engine", "reference", "--profile", profile,
-           "--no-shrink", "--seed", str(seed), "--report-dir", str(report_dir), "-q",
+           "--exitfirst", "--seed", str(seed), "--report-dir", str(report_dir), "-q",
            "--timeout", str(call_timeout_s)]
     for k, v in engine_args(blackbox).items():
         cmd += ["--engine-arg", f"{k}={v}"]
