@@ -32,8 +32,8 @@ from attrs import define, field
 from conformance import known
 from conformance.analysis import Analysis, analyse
 from conformance.contract import UsageError
-from conformance.history import History, HistoryBuilder, NotAHistory, parse, read_events
-from conformance.history_chain import VERIFIED, verify
+from conformance.history import History, HistoryBuilder
+from conformance.history_chain import VERIFIED
 from conformance.shards import Shard, shard_of
 
 # What every shard of one campaign must have recorded alike in its run_start.
@@ -58,25 +58,16 @@ class ShardRun:
 
 def read_shard(run_dir: Path) -> ShardRun:
     """A run folder as a shard: its history verified and sealed, its shard record read."""
-    from conformance.history_files import history_in
-    from conformance.reanalysis import refuse_unmatched
+    from conformance.reanalysis import read_verified
 
     run = ShardRun(Path(run_dir))
-    path = history_in(run.run_dir)
-    if path is None:
-        run.problems.append(f"{run_dir}: no history.jsonl (or history.jsonl.gz): not a run folder")
-        return run
     try:
-        events, reading = read_events(path)
-        integrity = verify(events)
-        if integrity.problems:
-            raise UsageError(f"{path} fails its integrity check: {integrity.line()}")
-        history = parse(events)
-        refuse_unmatched(run.run_dir, history)
-    except (UsageError, NotAHistory, OSError, ValueError, KeyError, TypeError) as exc:
+        verified = read_verified(run.run_dir)
+    except (UsageError, OSError) as exc:
         run.problems.append(f"{run_dir}: {' '.join(str(exc).split())}")
         return run
-    run.events, run.history = events, history
+    history, integrity, reading = verified.history, verified.integrity, verified.problems
+    run.events, run.history = verified.events, history
     if integrity.status != VERIFIED:
         run.problems.append(f"{run_dir}: {integrity.line()}; a campaign's shards must be sealed")
     run.problems += [f"{run_dir}: {p}" for p in reading]

@@ -17,6 +17,11 @@ an example holding two 16- and 17-token requests that share a block under chunke
 to a 33-token preemption under unchunked prefill (chunk size `none` is the simpler choice), from which
 no cut leads back. `minimise_from` therefore minimises from several starting points (the run's first
 failing example and the shrunk one) and keeps the witness that touches the fewest blocks.
+
+A `logprob_parity` witness must also stay clear of its threshold: a cut that leaves a deviation just
+above epsilon is a smaller scenario but a weaker witness (one the next calibration could call noise), so
+a candidate is kept only while its deviation is at least FAR_ABOVE_EPSILON times epsilon, or as large
+as the starting witness's where that was less.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from conformance.run_folder import write_text
 from conformance.scenario_runner import replay
 from conformance.scenario import MAX_NEW, Batch, Configure, Step, step_from_json, step_to_json
 from conformance.untrusted import read_json
+from conformance.verdicts import CheckResult
+
+FAR_ABOVE_EPSILON = 10.0
 
 
 # Lengths around the usual block sizes (4, 16, 32): a hit needs a full block plus one token.
@@ -45,18 +53,26 @@ def still_fails(new_engine: Callable[[], Engine], caps: Capabilities, check: str
                 timeout_s: float = 300.0) -> bool:
     """Replay `steps` on a fresh engine and say whether `check` fails. Fresh, not merely reset: a bug
     that survives a reset (a stale memo) would otherwise let a witness lean on earlier replays."""
+    return _failing(new_engine, caps, check, steps, timeout_s) is not None
+
+
+def _failing(new_engine: Callable[[], Engine], caps: Capabilities, check: str, steps: Sequence[Step],
+             timeout_s: float) -> CheckResult | None:
+    """`check`'s failing result on a fresh engine, or None. A crash (a candidate the engine declines as
+    too long, too) is another finding, unless the check fails on what was recorded before it (a leak's
+    stall)."""
     engine = new_engine()
     try:
-        return _fails_on(engine, caps, check, steps, timeout_s)
+        result, _ = replay(engine, caps, steps, check, timeout_s)
     finally:
         engine.close()
+    return result if result.status == "fail" else None
 
 
-def _fails_on(engine: Engine, caps: Capabilities, check: str, steps: Sequence[Step], timeout_s: float) -> bool:
-    """A crash (a candidate the engine declines as too long, too) is another finding, unless the check
-    fails on what was recorded before it (a leak's stall)."""
-    result, _ = replay(engine, caps, steps, check, timeout_s)
-    return result.status == "fail"
+def strength(result: CheckResult) -> float:
+    """How far a failing result is from passing, where the check measures it: a logprob_parity
+    failure's largest deviation (0 for every other check: failing is all there is)."""
+    return max((float(f.witness.get("logprob_deviation") or 0.0) for f in result.failures), default=0.0)
 
 
 def size(steps: Sequence[Step]) -> tuple[int, int, int]:
@@ -77,19 +93,22 @@ def _minimise(new_engine: Callable[[], Engine], caps: Capabilities, check: str, 
     """`minimise`, or None where `steps` does not fail `check` in the first place."""
     best = list(steps)
     replays = 0
+    first = _failing(new_engine, caps, check, best, timeout_s)
+    if first is None:
+        return None
+    eps = caps.logprob_epsilon if check == "logprob_parity" else None
+    floor = min(strength(first), FAR_ABOVE_EPSILON * eps) if eps else 0.0
 
     def accept(candidate: list[Step]) -> bool:
         nonlocal best, replays
         if replays >= max_replays or size(candidate) >= size(best):
             return False
         replays += 1
-        if still_fails(new_engine, caps, check, candidate, timeout_s):
+        found = _failing(new_engine, caps, check, candidate, timeout_s)
+        if found is not None and strength(found) >= floor:
             best = candidate
             return True
         return False
-
-    if not still_fails(new_engine, caps, check, best, timeout_s):
-        return None
     progress = True
     while progress and replays < max_replays:
         progress = False

@@ -23,6 +23,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from attrs import frozen
+
 from conformance import known
 from conformance.analysis import Analysis, analyse
 from conformance.contract import UsageError
@@ -32,13 +34,26 @@ from conformance.history_chain import VERIFIED, Integrity, verify
 SUBFOLDER = "reanalysis"  # where a re-analysis goes when the run has its own verdict files
 
 
-def read_verified(run_dir: Path) -> tuple[History, Integrity]:
-    """The run's history, verified; a one-line UsageError if it is missing, unreadable or tampered with."""
+@frozen
+class Verified:
+    """A run folder's history, read and verified: the parsed history (its reading problems among its
+    errors), the chain's verdict, the raw events and the reading problems alone (a campaign merge
+    replays the events and reports the problems per shard)."""
+
+    history: History
+    integrity: Integrity
+    events: list[dict[str, Any]]
+    problems: list[str]
+
+
+def read_verified(run_dir: Path) -> Verified:
+    """The run's history, verified and matched against the verdict written from it; a one-line
+    UsageError if it is missing, unreadable, tampered with, or not the history the run was judged on."""
     from conformance.history_files import history_in
 
     path = history_in(run_dir)  # a run's history.jsonl, or a committed folder's history.jsonl.gz
     if path is None:
-        raise UsageError(f"no history.jsonl (or history.jsonl.gz) in {run_dir}")
+        raise UsageError(f"no history.jsonl (or history.jsonl.gz) in {run_dir}: not a run folder")
     try:
         events, problems = read_events(path)
         integrity = verify(events)
@@ -50,7 +65,8 @@ def read_verified(run_dir: Path) -> tuple[History, Integrity]:
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
     history.errors.extend(problems)
-    return history, integrity
+    refuse_unmatched(run_dir, history)
+    return Verified(history, integrity, events, list(problems))
 
 
 def recorded_digest(run_dir: Path) -> str | None:
@@ -100,8 +116,8 @@ def reanalyse(run_dir: Path, asked: Sequence[str] = ()) -> int:
     where it was written; return its exit code."""
     from conformance.history_files import history_in
 
-    history, integrity = read_verified(run_dir)
-    refuse_unmatched(run_dir, history)
+    verified = read_verified(run_dir)
+    history, integrity = verified.history, verified.integrity
     analysis = known.apply(history, analyse(history, list(asked) or history.meta.get("checks") or None))
     chosen = list(analysis.checks)
     left_out = [c for c in run_checks(history) if c not in chosen]
@@ -133,8 +149,7 @@ def write_known(run_dir: Path, path: Path) -> int:
     finding the run did not see — fixed — is left out), for a person to review and commit."""
     from conformance.signature import signed_findings
 
-    history, _ = read_verified(run_dir)
-    refuse_unmatched(run_dir, history)
+    history = read_verified(run_dir).history
     analysis = analyse(history, history.meta.get("checks") or None)
     had = {e["signature"]: e for e in (known.recorded(history) or ([], False))[0]}
     entries: dict[str, dict[str, str]] = {}

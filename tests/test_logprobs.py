@@ -103,6 +103,15 @@ def test_logprob_parity_fails_above_epsilon_though_every_token_matches():
     assert w["logprob_deviations"][0] == 0 and "epsilon" in f.explanation
 
 
+def test_the_report_shows_the_deviations_beside_the_tokens_not_a_finish_reason():
+    from conformance.report import report_md, results_json
+
+    h = crafted((((5, -0.1), (6, -2.5)), ((6, -0.2003), (9, -1.9)))).history()
+    md = report_md(results_json(h, analyse(h), {}))
+    assert "**Below the argmax**" in md and "| abs. logprob difference | 0 | **0.0003** |" in md
+    assert "finish reason `None`" not in md
+
+
 def test_logprob_parity_compares_the_divergent_position_and_nothing_after():
     # position 1 diverges (9 instead of 6): its distribution is compared (same conditioning); a third
     # position would condition on other tokens and is not

@@ -118,3 +118,27 @@ def test_minimiser_ignores_a_start_that_does_not_fail():
     small = minimise_from(engine, caps, "parity", [passing, PREEMPTED])
     assert still_fails(engine, caps, "parity", small) and small != passing
     assert minimise_from(engine, caps, "parity", [passing]) == passing
+
+
+def test_a_logprob_witness_is_not_cut_to_just_above_epsilon(monkeypatch):
+    """FAKE replays (the minimiser's own logic): the deviation falls with the prompt tokens kept (1e-3
+    per token). Epsilon 1e-3: the minimiser stops where the deviation would drop below ten times epsilon
+    (10 tokens), not at the 2 tokens where the check would still (barely) fail."""
+    import attrs
+
+    from conformance import minimise as m
+    from conformance.verdicts import CheckFailure, CheckResult, Severity
+
+    def fake_failing(new_engine, caps, check, steps, timeout_s):
+        tokens = size(steps)[0]
+        if tokens * 1e-3 <= caps.logprob_epsilon:
+            return None
+        failure = CheckFailure(check, "t", Severity.HIGH, "B", "c", {"logprob_deviation": tokens * 1e-3}, "e", 0)
+        return CheckResult(check, "fail", (failure,))
+
+    monkeypatch.setattr(m, "_failing", fake_failing)
+    caps = attrs.evolve(FakeDictEngine().capabilities(), logprob_epsilon=1e-3, logprobs_k=2)
+    steps = [Batch((Request("q", tuple(range(4, 44)), 2),))]
+    small = minimise(FakeDictEngine, caps, "logprob_parity", steps)
+    assert 10 <= size(small)[0] < 40
+    assert size(minimise(FakeDictEngine, caps, "parity", steps))[0] <= 2  # no floor for a token check

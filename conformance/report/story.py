@@ -61,7 +61,9 @@ def _divergence(history: History, w: Mapping[str, Any]) -> dict[str, Any] | None
             "wrong": _wrong_side(base.output if base is not None else None, list(expected), got, pairwise),
             "margin": w.get("baseline_margin"), "margins": list(base.margins) if base is not None else [],
             "kind": comparison.get("kind"), "expected_finish": comparison.get("expected_finish"),
-            "got_finish": comparison.get("got_finish"), "tolerance": history.tolerance}
+            "got_finish": comparison.get("got_finish"), "tolerance": history.tolerance,
+            "deviations": w.get("logprob_deviations"), "epsilon": w.get("logprob_epsilon"),
+            "deviation_position": w.get("logprob_position")}
 
 
 def _wrong_side(baseline: Sequence[int] | None, expected: list[int], got: list[int], pairwise: bool) -> str | None:
@@ -236,9 +238,35 @@ def timeline_table(s: Mapping[str, Any], texts: Mapping[str, str]) -> Table:
 
 
 def divergence_blocks(d: Mapping[str, Any], texts: Mapping[str, str], request: str | None) -> list[Block]:
+    """The first token difference (or the finish reasons), then what lies below the argmax."""
+    return _token_blocks(d, texts, request) + (_deviation_blocks(d) if d.get("deviations") else [])
+
+
+def _deviation_blocks(d: Mapping[str, Any]) -> list[Block]:
+    """logprob_parity's evidence beside the tokens: per output position, the largest |logprob(engine) -
+    logprob(plain decoding)| over the top-k tokens both hold, the positions above epsilon marked."""
+    devs, eps = list(d["deviations"]), float(d.get("epsilon") or 0.0)
+    exp, got = d["expected"], d["got"]
+    cols = list(range(min(len(devs), WINDOW_BEFORE + WINDOW_AFTER)))
+
+    def at(seq: Sequence[int], i: int) -> str:
+        return str(seq[i]) if i < len(seq) else "<end>"
+
+    rows = [["plain decoding", *[at(exp, i) for i in cols]],
+            ["got", *[Cell(at(got, i), "diff" if at(got, i) != at(exp, i) else "") for i in cols]],
+            ["abs. logprob difference", *[Cell(f"{devs[i]:.3g}", "diff" if devs[i] > eps else "") for i in cols]]]
+    return [Para(f"**Below the argmax**: the log-probabilities of the tokens both top-k lists hold, against plain "
+                 f"decoding's, per output position (epsilon {eps:.3g}, measured by `kvparity calibrate`; marked: "
+                 f"above it). The largest is at position {d.get('deviation_position')}."),
+            Table(["position", *[str(i) for i in cols]], rows, cls="align")]
+
+
+def _token_blocks(d: Mapping[str, Any], texts: Mapping[str, str], request: str | None) -> list[Block]:
     exp, got = d["expected"], d["got"]
     p = d.get("position")
-    if not isinstance(p, int):  # same tokens, another finish reason
+    if not isinstance(p, int):  # same tokens: another finish reason, or a difference below the argmax
+        if d.get("got_finish") == d.get("expected_finish"):
+            return []
         return [Para(f"Same tokens as {d['expected_from']}, but finish reason `{d.get('got_finish')}` instead of "
                      f"`{d.get('expected_finish')}`.")]
     margins = d.get("margins") or []
