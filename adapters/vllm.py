@@ -147,6 +147,20 @@ def top2_from_logprobs(logprobs: Sequence[Mapping[int, Any]] | None) -> tuple | 
     return tuple(rows)
 
 
+def topk_from_logprobs(logprobs: Sequence[Mapping[int, Any]] | None, output: Sequence[int]) -> tuple | None:
+    """Per output token its (id, logprob) pairs, best first: the top-k vLLM returns, which always holds
+    the sampled token too (`Result.logprobs`); None where a position has none (an eos the adapter put
+    back, say)."""
+    if not logprobs or len(logprobs) < len(output):
+        return None
+    rows = []
+    for step, tok in zip(logprobs, output):
+        if not step or tok not in step:
+            return None
+        rows.append(tuple(sorted(((int(t), float(lp.logprob)) for t, lp in step.items()), key=lambda p: -p[1])))
+    return tuple(rows)
+
+
 class VllmAdapter:
     """The Engine contract over `vllm.LLM` (one instance per base revision and configuration point)."""
 
@@ -232,7 +246,7 @@ class VllmAdapter:
             reports_cached_tokens=self.features.cached_tokens, speculation=spec,
             reports_drafts=spec and self.features.metrics,
             chunked_prefill=c["max_num_batched_tokens"] is not None, evicts=False,
-            top2_logits=self.want_logprobs, identities=self.identities,
+            top2_logits=self.want_logprobs, logprobs_k=2 if self.want_logprobs else 0, identities=self.identities,
             revisions=self.revisions if "revision" in self.identities else self.revisions[:1],
             adapters=self.adapter_bindings() if "adapter" in self.identities else (),
             introspection=False, baseline_mode=False, tolerance=self.tolerance, knobs=knobs,
@@ -439,5 +453,6 @@ class VllmAdapter:
                 draft_proposed=proposed if spec and solo else None,
                 draft_accepted=accepted if spec and solo else None,
                 top2=top2_from_logprobs(comp.logprobs) if self.want_logprobs else None,
+                logprobs=topk_from_logprobs(comp.logprobs, output) if self.want_logprobs else None,
                 timings={"batch_wall_s": wall}, prefill_chunks=chunks, extra=extra))
         return results

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from adapters.openai_http import OpenAIHttpAdapter, prometheus_totals
+from conformance import validation
 from conformance.contract import EngineError, Identity, Request, UsageError
 
 
@@ -107,6 +108,20 @@ def test_token_mode_wire_format_and_results(fake):
     assert body["cache_salt"].endswith("t1") and body["return_token_ids"] is True
     assert r.output == (7, 8) and r.finish_reason == "length" and r.cached_tokens == 0
     assert r.top2 == ((7, -0.1, 9, -2.0), (8, -0.5, 3, -0.7))
+    assert caps.logprobs_k == 2 and r.logprobs == (((7, -0.1), (9, -2.0)), ((8, -0.5), (3, -0.7)))
+    validation.result(Request("q", (5, 6, 7), 2), r, caps)  # what the runner checks at the boundary
+
+
+def test_logprobs_add_the_chosen_token_or_are_none_when_unreadable():
+    from adapters.openai_http.text import TextChannel
+
+    text = TextChannel(lambda: None, text_mode=False)
+    top = [{"token_id:7": -0.1, "token_id:9": -2.0}, {"token_id:3": -0.4, "token_id:4": -0.6}]
+    lp = {"top_logprobs": top, "token_logprobs": [-0.1, -0.9]}
+    assert text.topk(lp, [7, 8]) == (((7, -0.1), (9, -2.0)), ((3, -0.4), (4, -0.6), (8, -0.9)))
+    assert text.topk({"top_logprobs": top}, [7, 8]) is None  # the chosen 8 is nowhere
+    assert text.topk({"top_logprobs": top[:1]}, [7, 8]) is None  # a position without logprobs
+    assert text.topk({"top_logprobs": [{"piece": -0.1}]}, [7]) is None  # a token it cannot name
 
 
 def test_stop_token_is_part_of_the_output(fake):
@@ -294,3 +309,22 @@ def test_text_mode_output_ids_from_logprob_pieces(fake):
     # the baseline is not passed through the text channel when ids are exact
     assert a._ids_from_server and a.baseline(Request("x", (4,) * 32, 2)).output == a.baseline(
         Request("y", a.text.effective_prompt((4,) * 32), 2)).output
+
+
+def test_kvparity_serve_logprobs_reach_the_contract_and_match_plain_decoding():
+    """A real `kvparity serve` on 127.0.0.1, asked for logprobs: each output position's top-2 passes the
+    contract's boundary and equals the float64 oracle's to float32 precision (logprob_parity's inputs)."""
+    pytest.importorskip("aiohttp", reason="kvparity serve needs the serve extra (aiohttp)")
+    from conformance.checks.logprobs import deviation
+
+    a = OpenAIHttpAdapter(serve="kvparity", stagger_ms="0", logprobs="true")
+    try:
+        caps = validation.capabilities(a.capabilities())
+        q = Request("q", tuple(range(10, 30)), 6)
+        [r] = a.run([q])
+        validation.result(q, r, caps)
+        assert caps.logprobs_k == 2 and r.logprobs is not None and len(r.logprobs) == len(r.output)
+        dev = deviation(a.baseline(q), r)
+        assert dev is not None and dev.compared >= len(r.output) and dev.value < 1e-4
+    finally:
+        a.close()

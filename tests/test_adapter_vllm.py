@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from adapters.vllm import metric_totals, normalise_finish, top2_from_logprobs
+from adapters.vllm import metric_totals, normalise_finish, top2_from_logprobs, topk_from_logprobs
 from conformance.contract import Identity, Request
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -29,6 +29,14 @@ def test_top2_from_logprobs_uses_ranks():
     steps = [{7: lp(-0.1, 1), 9: lp(-2.0, 2)}, {3: lp(-0.9, 2), 8: lp(-0.5, 1), 4: lp(-3.0, 5)}]
     assert top2_from_logprobs(steps) == ((7, -0.1, 9, -2.0), (8, -0.5, 3, -0.9))
     assert top2_from_logprobs(None) is None
+
+
+def test_topk_from_logprobs_keeps_every_pair_best_first_and_needs_each_position():
+    lp = lambda v, r: SimpleNamespace(logprob=v, rank=r)  # noqa: E731
+    steps = [{7: lp(-0.1, 1), 9: lp(-2.0, 2)}, {3: lp(-0.9, 2), 8: lp(-0.5, 1), 4: lp(-3.0, 5)}]
+    assert topk_from_logprobs(steps, [7, 4]) == (((7, -0.1), (9, -2.0)), ((8, -0.5), (3, -0.9), (4, -3.0)))
+    assert topk_from_logprobs(steps, [7, 4, 2]) is None  # an eos put back has no logprobs
+    assert topk_from_logprobs(steps, [7, 5]) is None  # the chosen token missing: not what vLLM returns
 
 
 def test_metric_totals_sums_label_sets():

@@ -71,7 +71,8 @@ Engine arguments (strings, parsed into the frozen `OpenAIHttpArgs`, adapters/ope
 
 Reported: `usage.prompt_tokens_details.cached_tokens` -> Result.cached_tokens (None where the server does
 not report it, and then `reports_cached_tokens` is False); `logprobs=2` -> Result.top2 (logprobs, whose
-top-1/top-2 difference is the logit margin); with serve=vllm and speculation, the draft counters are read
+top-1/top-2 difference is the logit margin) and Result.logprobs (k = 2, the chosen token added from
+`token_logprobs` where the top list lacks it: what logprob_parity compares); with serve=vllm and speculation, the draft counters are read
 from /metrics (engine-wide; attributed only to single-request batches). Timeouts, refused connections,
 HTTP errors and malformed JSON raise EngineError with a one-line cause (an `error` verdict).
 """
@@ -249,6 +250,7 @@ class OpenAIHttpAdapter:
             block_size=self.block_size, prefix_caching=self.reports_cached or self.serve == "llama_cpp",
             reports_cached_tokens=self.reports_cached, speculation=spec, reports_drafts=spec,
             chunked_prefill=self.budget is not None, evicts=False, top2_logits=self.want_logprobs,
+            logprobs_k=2 if self.want_logprobs else 0,
             identities=frozenset(identities), revisions=(self.revision,), adapters=tuple(self.adapters),
             introspection=False, baseline_mode=False, tolerance=self.tolerance, knobs=(),
             min_hit_prompt=self.block_size + 1)
@@ -429,5 +431,6 @@ class OpenAIHttpAdapter:
         if self.budget is not None:
             chunks = max(1, -(-(len(q.prompt) - (cached or 0)) // self.budget))
         return Result(q.id, output, reason, cached_tokens=cached if self.reports_cached else None,
-                      top2=self.text.top2(lp) if self.want_logprobs else None, timings={"http_s": wall},
+                      top2=self.text.top2(lp) if self.want_logprobs else None,
+                      logprobs=self.text.topk(lp, output) if self.want_logprobs else None, timings={"http_s": wall},
                       prefill_chunks=chunks, extra=extra)

@@ -11,6 +11,7 @@ This module does that mapping, with the shipped tokenizer, and nothing else.
 from __future__ import annotations
 
 import collections
+import math
 import re
 from typing import Any, Sequence
 
@@ -109,3 +110,27 @@ class TextChannel:
                 return None
             rows.append((ids[0], float(ranked[0][1]), ids[1], float(ranked[1][1])))
         return tuple(rows)
+
+    def topk(self, lp: Any, output: list[int]) -> tuple | None:
+        """Per output token its top-k (id, logprob), best first, with the chosen token added where the
+        server's top list lacks it (from `token_logprobs`), or None where any of it cannot be read: the
+        contract's `Result.logprobs`, which logprob_parity compares with plain decoding's."""
+        top = lp.get("top_logprobs") if isinstance(lp, dict) else None
+        chosen = lp.get("token_logprobs") if isinstance(lp, dict) else None
+        if not top or len(top) < len(output):
+            return None
+        rows = []
+        for pos, tok in enumerate(output):
+            step = top[pos]
+            if not isinstance(step, dict) or not step:
+                return None
+            pairs = {self.id_of(t): float(v) for t, v in step.items()}
+            if None in pairs or not all(math.isfinite(v) for v in pairs.values()):
+                return None
+            if tok not in pairs:
+                if not isinstance(chosen, list) or pos >= len(chosen) or chosen[pos] is None:
+                    return None
+                pairs[tok] = float(chosen[pos])
+            rows.append(tuple(sorted(pairs.items(), key=lambda kv: -kv[1])))
+        return tuple(rows)
+
