@@ -23,6 +23,7 @@ from conformance.history_facts import chunked
 from conformance.grouping import RootCause, cross_identity_reuse, epoch_evicted
 from conformance.history import Example, History
 from conformance.history_codec import request_from
+from conformance.report.below_argmax import deviation_blocks
 from conformance.report.doc import Block, Cell, Code, Fold, Para, Table
 from conformance.timeline import TimelineStep, find_line, timeline
 
@@ -239,26 +240,7 @@ def timeline_table(s: Mapping[str, Any], texts: Mapping[str, str]) -> Table:
 
 def divergence_blocks(d: Mapping[str, Any], texts: Mapping[str, str], request: str | None) -> list[Block]:
     """The first token difference (or the finish reasons), then what lies below the argmax."""
-    return _token_blocks(d, texts, request) + (_deviation_blocks(d) if d.get("deviations") else [])
-
-
-def _deviation_blocks(d: Mapping[str, Any]) -> list[Block]:
-    """logprob_parity's evidence beside the tokens: per output position, the largest |logprob(engine) -
-    logprob(plain decoding)| over the top-k tokens both hold, the positions above epsilon marked."""
-    devs, eps = list(d["deviations"]), float(d.get("epsilon") or 0.0)
-    exp, got = d["expected"], d["got"]
-    cols = list(range(min(len(devs), WINDOW_BEFORE + WINDOW_AFTER)))
-
-    def at(seq: Sequence[int], i: int) -> str:
-        return str(seq[i]) if i < len(seq) else "<end>"
-
-    rows = [["plain decoding", *[at(exp, i) for i in cols]],
-            ["got", *[Cell(at(got, i), "diff" if at(got, i) != at(exp, i) else "") for i in cols]],
-            ["abs. logprob difference", *[Cell(f"{devs[i]:.3g}", "diff" if devs[i] > eps else "") for i in cols]]]
-    return [Para(f"**Below the argmax**: the log-probabilities of the tokens both top-k lists hold, against plain "
-                 f"decoding's, per output position (epsilon {eps:.3g}, measured by `kvparity calibrate`; marked: "
-                 f"above it). The largest is at position {d.get('deviation_position')}."),
-            Table(["position", *[str(i) for i in cols]], rows, cls="align")]
+    return _token_blocks(d, texts, request) + (deviation_blocks(d) if d.get("deviations") else [])
 
 
 def _token_blocks(d: Mapping[str, Any], texts: Mapping[str, str], request: str | None) -> list[Block]:
