@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import pathlib
 import shutil
@@ -101,6 +102,20 @@ def _drafter_base():
     except ImportError:  # keeps this module importable without llama_cpp (classes below are only built lazily)
         return object
 
+
+
+LOGPROBS_K = 5  # top-k log-probabilities per output position (Result.logprobs), as the reference engine's
+
+
+def top_logprobs(row: "np.ndarray", chosen: int, k: int = LOGPROBS_K) -> tuple[tuple[int, float], ...]:
+    """One position's log-softmax top-k, best first, with the chosen token added where it is not among
+    them: computed in float64 from the float32 logits llama.cpp kept."""
+    row = np.asarray(row, dtype=np.float64)
+    shifted = row - row.max()
+    logz = math.log(float(np.exp(shifted).sum()))
+    best = np.argsort(-row, kind="stable")[:k]
+    ids = [int(i) for i in best] + ([int(chosen)] if int(chosen) not in {int(i) for i in best} else [])
+    return tuple(sorted(((i, float(shifted[i] - logz)) for i in ids), key=lambda p: -p[1]))
 
 class CountingDrafter(_drafter_base()):  # type: ignore[misc]
     """Wraps any drafter; records (context length, proposed tokens) for every call."""
@@ -244,7 +259,7 @@ class LlamaCppAdapter:
             name="llama_cpp", vocab_size=1024, max_context=self.n_ctx, eos_id=2, block_size=16,
             prefix_caching=True, reports_cached_tokens=True, speculation=self.features.speculative,
             reports_drafts=self.features.speculative, chunked_prefill=True, evicts=True,
-            top2_logits=self.logits_all, identities=frozenset(idents),
+            top2_logits=self.logits_all, logprobs_k=LOGPROBS_K if self.logits_all else 0, identities=frozenset(idents),
             revisions=("a", "b"), adapters=self.adapters, introspection=False, baseline_mode=False,
             tolerance=self.tolerance, min_hit_prompt=2,
             knobs=tuple(Knob(k, values, KNOB_ROLES[k]) for k, values in self._config_space().items()),
@@ -461,14 +476,17 @@ class LlamaCppAdapter:
             finally:
                 del llm.eval
             elapsed = time.perf_counter() - t0
-            # top-1/top-2 of the logits each output token was sampled from (kept only with logits_all)
+            # top-1/top-2 of the logits each output token was sampled from, and their log-softmax top-k
+            # (kept only with logits_all)
             top2 = [] if self.logits_all else None
+            topk = [] if self.logits_all else None
             for j in range(len(output) if self.logits_all else 0):
                 row = np.asarray(llm.scores[len(prompt) - 1 + j], dtype=np.float64)
                 i1, i2 = np.argpartition(-row, 1)[:2]
                 if row[i2] > row[i1]:
                     i1, i2 = i2, i1
                 top2.append((int(i1), float(row[i1]), int(i2), float(row[i2])))
+                topk.append(top_logprobs(row, output[j]))
             if llm.cache:
                 with contextlib.redirect_stderr(io.StringIO()):  # LlamaDiskCache prints on every save
                     llm.cache[prompt + output] = llm.save_state()
@@ -489,6 +507,7 @@ class LlamaCppAdapter:
         return Result(
             request_id=req.id, output=tuple(output), finish_reason=finish, cached_tokens=cached,
             draft_proposed=proposed, draft_accepted=accepted, top2=None if top2 is None else tuple(top2),
+            logprobs=None if topk is None else tuple(topk),
             timings={"wall_s": elapsed}, evictions=evicted, prefill_chunks=observed[1] if observed else 0,
             extra={"cached_source": source, "prompt_tokens": len(prompt), "cached_count": "observed (n_tokens at first eval)",
                    **({"draft_counts": "adapter-observed"} if drafter is not None else {}),

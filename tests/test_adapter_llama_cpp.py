@@ -402,3 +402,17 @@ def test_spec_crash_findings_still_reproduce():
     codes = {name.split(",")[0]: c["returncode"] for name, c in cases.items()}
     assert [c["returncode"] for c in cases.values()] == [1, 0, -6, 0], cases
     assert "ValueError" in cases["F2 default logits_all, prompt 600 > n_batch 512"]["outcome"], codes
+
+
+def test_top_logprobs_is_the_log_softmax_top_k_with_the_chosen_token():
+    """The llama.cpp adapter's Result.logprobs from one position's logits (pure numpy: runs without
+    llama_cpp): log-softmax values, best first, summing with the rest to probability 1, the chosen
+    token added where it is not among the top k."""
+    from adapters.llama_cpp import top_logprobs
+
+    row = np.array([0.0, 3.0, 1.0, 2.0, -1.0, 0.5], dtype=np.float32)
+    logz = np.log(np.exp(row.astype(np.float64)).sum())
+    got = top_logprobs(row, chosen=1, k=3)
+    assert [t for t, _ in got] == [1, 3, 2]
+    assert np.allclose([lp for _, lp in got], [3.0 - logz, 2.0 - logz, 1.0 - logz])
+    assert [t for t, _ in top_logprobs(row, chosen=4, k=2)] == [1, 3, 4]  # the chosen one, last
