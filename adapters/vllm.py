@@ -56,6 +56,7 @@ from attrs import evolve
 from adapters import landmark_search, vllm_versions
 from adapters.engine_args import bool_arg, engine_arguments, int_arg, parse
 from adapters.vllm_args import DEFAULT_TOLERANCE, LORA_IDS, VllmArgs  # noqa: F401 (re-exported)
+from adapters.vllm_timeline import has_timeline, run_timeline
 from adapters.reference_oracle import ReferenceOracle
 from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
 from conformance.knobs import Knob
@@ -250,7 +251,8 @@ class VllmAdapter:
             revisions=self.revisions if "revision" in self.identities else self.revisions[:1],
             adapters=self.adapter_bindings() if "adapter" in self.identities else (),
             introspection=False, baseline_mode=False, tolerance=self.tolerance, knobs=knobs,
-            min_hit_prompt=self.block_size + 1, landmarks=self.landmarks)
+            min_hit_prompt=self.block_size + 1, landmarks=self.landmarks,
+            timeline=frozenset({"arrival", "abort"}))  # LLMEngine.add_request / abort_request between steps
 
     def configure(self, config: Mapping[str, Any]) -> None:
         unknown = set(config) - set(KNOBS)
@@ -419,9 +421,16 @@ class VllmAdapter:
         spec = c["spec"] != "none" and self.features.metrics
         before = metric_totals(llm.get_metrics()) if spec else {}
         t0 = time.monotonic()
+        stepped = None
         try:
-            outs = llm.generate(prompts, params, use_tqdm=False,
-                                lora_request=loras if any(l is not None for l in loras) else None)
+            if has_timeline(part):  # arrivals and aborts mid-flight: LLMEngine step by step (adapters/vllm_timeline.py)
+                stepped = run_timeline(llm.llm_engine, part, prompts, params, loras)
+                outs = [s.output for s in stepped]
+            else:
+                outs = llm.generate(prompts, params, use_tqdm=False,
+                                    lora_request=loras if any(l is not None for l in loras) else None)
+        except EngineError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise EngineError(f"vllm generate: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         wall = time.monotonic() - t0
@@ -434,12 +443,21 @@ class VllmAdapter:
             accepted = int(after.get("vllm:spec_decode_num_accepted_tokens", 0) - before.get("vllm:spec_decode_num_accepted_tokens", 0))
         budget = c["max_num_batched_tokens"]
         results = []
-        for q, o in zip(part, outs):
-            if not o.outputs:
+        for j, (q, o) in enumerate(zip(part, outs)):
+            aborted = stepped is not None and stepped[j].aborted
+            if o is None and aborted:  # aborted before its first output
+                results.append(Result(q.id, (), "abort", arrived_at_step=stepped[j].arrived_at_step,
+                                      ended_at_step=stepped[j].ended_at_step, timings={"batch_wall_s": wall},
+                                      extra={"prompt_tokens": len(q.prompt), "engine_revision": revision}))
+                continue
+            if o is None or not o.outputs:
                 raise EngineError(f"vllm returned no completion for request {q.id}")
             comp = o.outputs[0]
-            output, reason = normalise_finish(comp.token_ids, comp.finish_reason, comp.stop_reason, q.stop_ids,
-                                              self.info.eos_id, q.max_tokens)
+            if aborted:
+                output, reason = list(comp.token_ids), "abort"
+            else:
+                output, reason = normalise_finish(comp.token_ids, comp.finish_reason, comp.stop_reason, q.stop_ids,
+                                                  self.info.eos_id, q.max_tokens)
             cached = getattr(o, "num_cached_tokens", None)
             extra: dict[str, Any] = {"prompt_tokens": len(q.prompt), "engine_revision": revision,
                                      "vllm_finish_reason": comp.finish_reason,
@@ -454,5 +472,7 @@ class VllmAdapter:
                 draft_accepted=accepted if spec and solo else None,
                 top2=top2_from_logprobs(comp.logprobs) if self.want_logprobs else None,
                 logprobs=topk_from_logprobs(comp.logprobs, output) if self.want_logprobs else None,
-                timings={"batch_wall_s": wall}, prefill_chunks=chunks, extra=extra))
+                timings={"batch_wall_s": wall}, prefill_chunks=chunks, extra=extra,
+                arrived_at_step=None if stepped is None else stepped[j].arrived_at_step,
+                ended_at_step=None if stepped is None else stepped[j].ended_at_step))
         return results
