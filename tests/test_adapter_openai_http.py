@@ -109,6 +109,7 @@ def test_token_mode_wire_format_and_results(fake):
     assert r.output == (7, 8) and r.finish_reason == "length" and r.cached_tokens == 0
     assert r.top2 == ((7, -0.1, 9, -2.0), (8, -0.5, 3, -0.7))
     assert caps.logprobs_k == 2 and r.logprobs == (((7, -0.1), (9, -2.0)), ((8, -0.5), (3, -0.7)))
+    assert caps.timeline == frozenset()  # a server attached by base_url: no abort point is claimed
     validation.result(Request("q", (5, 6, 7), 2), r, caps)  # what the runner checks at the boundary
 
 

@@ -253,7 +253,8 @@ class OpenAIHttpAdapter:
             logprobs_k=2 if self.want_logprobs else 0,
             identities=frozenset(identities), revisions=(self.revision,), adapters=tuple(self.adapters),
             introspection=False, baseline_mode=False, tolerance=self.tolerance, knobs=(),
-            min_hit_prompt=self.block_size + 1)
+            min_hit_prompt=self.block_size + 1,
+            timeline=frozenset({"abort"}) if self._streams_aborts() else frozenset())
 
     def configure(self, config: Mapping[str, Any]) -> None:
         if config and self.serve == "kvparity":  # a witness's configuration: restart the server with it
@@ -361,17 +362,53 @@ class OpenAIHttpAdapter:
     def _sends_stop_ids(self) -> bool:
         return self.serve == "vllm" or self.prompt_mode == "tokens"
 
+    def _streams_aborts(self) -> bool:
+        """Whether a request's abort point is honoured (`Capabilities.timeline`): by streaming it and
+        closing the connection, where the server says which token ids each chunk carries."""
+        return self.serve == "kvparity" and self.prompt_mode == "tokens"
+
     def _one(self, q: Request, box: list, i: int, start: float, offset: float) -> None:
         try:
             body = self._body(q.prompt, q.max_tokens, q.stop_ids, q.identity)
             t0 = time.monotonic()
-            data = self.http.call("POST", "/v1/completions", body)
-            r = self._result(q, data, time.monotonic() - t0)
+            if q.abort_after is not None and self._streams_aborts():
+                r, data = self._streamed(q, body, t0), {}
+            else:
+                data = self.http.call("POST", "/v1/completions", body)
+                r = self._result(q, data, time.monotonic() - t0)
             extra = {**r.extra, "server_id": data.get("id")} if isinstance(data.get("id"), str) else r.extra
             box[i] = attrs.evolve(r, timings={**r.timings, "sent_s": offset, "sent_actual_s": t0 - start},
                                   extra=extra)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             box[i] = exc
+
+    def _streamed(self, q: Request, body: dict[str, Any], t0: float) -> Result:
+        """A request with an abort point (issue 30), streamed; the connection is closed once the chunks
+        hold `abort_after` output tokens (0: at the first chunk), which the server takes as the client
+        going away and aborts it. A stream that finishes first is an ordinary answer: the abort came too
+        late, and the result says so by its own finish reason. The output of an aborted request is what
+        the client received; the server may have computed a step further."""
+        got: list[int] = []
+        final: dict[str, Any] | None = None
+        events = self.http.stream("/v1/completions", {**body, "stream": True})
+        try:
+            for event in events:
+                choice = (event.get("choices") or [{}])[0] if isinstance(event, dict) else {}
+                if not isinstance(choice, dict) or "error" in event:
+                    raise EngineError(f"request {q.id}: stream event {str(event)[:80]}")
+                got += [int(t) for t in choice.get("token_ids") or ()]
+                if choice.get("finish_reason") is not None:
+                    final = {**event, "choices": [{**choice, "token_ids": got}]}
+                    break
+                if len(got) >= q.abort_after:
+                    break
+        finally:
+            events.close()
+        wall = time.monotonic() - t0
+        if final is not None:
+            return self._result(q, final, wall)
+        return Result(q.id, tuple(got), "abort", timings={"http_s": wall},
+                      extra={"prompt_tokens": len(q.prompt), "aborted_by": "client closed the stream"})
 
     def _result(self, q: Request, data: Any, wall: float) -> Result:
         try:

@@ -5,12 +5,13 @@ format summed by metric name (vLLM's speculation counters live in /metrics)."""
 from __future__ import annotations
 
 import collections
+import http.client
 import json
 import re
 import socket
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Iterator
 
 from conformance.contract import EngineError
 
@@ -62,6 +63,38 @@ class Http:
             return json.loads(payload)
         except ValueError as exc:
             raise EngineError(f"malformed JSON from {method} {path}: {payload[:80]!r}") from exc
+
+
+    def stream(self, path: str, body: Any, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """POST `body` asking for server-sent events and yield each event's JSON until `data: [DONE]`.
+        Closing the generator early closes the connection: what an OpenAI server reads as the client
+        going away (it aborts the request)."""
+        host, _, port = self.base.split("//", 1)[1].partition(":")
+        conn = http.client.HTTPConnection(host, int(port or 80), timeout=timeout or self.timeout)
+        try:
+            conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise EngineError(f"HTTP {resp.status} from POST {path}: {last_line(resp.read().decode(errors='replace'))}")
+            while True:
+                line = resp.readline(1 << 20)
+                if not line:
+                    raise EngineError(f"POST {path}: the stream ended without [DONE]")
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:].strip()
+                if data == b"[DONE]":
+                    return
+                try:
+                    yield json.loads(data)
+                except ValueError as exc:
+                    raise EngineError(f"malformed event from POST {path}: {data[:80]!r}") from exc
+        except (socket.timeout, TimeoutError) as exc:
+            raise EngineError(f"POST {path} (stream) timed out after {timeout or self.timeout:g}s") from exc
+        except (ConnectionError, OSError, http.client.HTTPException) as exc:
+            raise EngineError(f"stream from {self.base}{path} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            conn.close()
 
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")

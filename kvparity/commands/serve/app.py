@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import time
 from typing import Any
@@ -61,6 +62,10 @@ def cache_salt(scope: str, salt: str | None, user: str | None) -> str | None:
 
 
 MAX_BODY = 4 * 1024 * 1024  # bytes: a 1024-token context needs a few KB; more is a mistake or an attack
+
+
+async def _event(resp: web.StreamResponse, data: dict[str, Any]) -> None:
+    await resp.write(b"data: " + json.dumps(data).encode() + b"\n\n")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -149,6 +154,8 @@ class CompletionServer:
             return _error(400, str(exc))
         request_id = f"cmpl-{next(self._ids)}"  # numbered in arrival order
         self.requests += 1
+        if q.stream:
+            return await self._stream(request, request_id, q)
         fut = asyncio.get_running_loop().create_future()
         try:
             self.loop.submit(request_id, q.prompt, q.max_tokens, q.stop_ids, q.identity, self._resolver(fut))
@@ -160,6 +167,65 @@ class CompletionServer:
         if isinstance(outcome, BaseException):
             return _error(500, str(outcome))
         return web.json_response(self._answer(request_id, q, outcome))
+
+    async def _stream(self, request: web.Request, request_id: str, q: Completion) -> web.StreamResponse:
+        """Server-sent events: a chunk per engine step with the tokens it added, then one with the finish
+        reason and the usage (and the logprobs of the whole output, where asked), then `data: [DONE]`. A
+        client that goes away aborts the request in the engine at the next step (`EngineLoop.abort`):
+        how an OpenAI server's front end stops work nobody will read."""
+        aio = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def progress(tokens: tuple[int, ...]) -> None:
+            aio.call_soon_threadsafe(events.put_nowait, tokens)
+
+        def done(value: object) -> None:
+            aio.call_soon_threadsafe(events.put_nowait, value)
+
+        try:
+            self.loop.submit(request_id, q.prompt, q.max_tokens, q.stop_ids, q.identity, done, progress)
+        except EngineFailed as exc:
+            return _error(503, str(exc))
+        first = await events.get()
+        if isinstance(first, RequestRefused):
+            return _error(400, str(first))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        sent, item = 0, first
+        try:
+            await resp.prepare(request)
+            while True:
+                if isinstance(item, tuple):  # the output so far, after a step
+                    if len(item) > sent:
+                        await _event(resp, self._chunk(request_id, q, list(item[sent:])))
+                        sent = len(item)
+                elif isinstance(item, BaseException):
+                    await _event(resp, {"error": {"message": str(item), "type": "server_error", "code": 500}})
+                    break
+                else:
+                    final = self._answer(request_id, q, item)
+                    choice = final["choices"][0]
+                    rest = list(item.output[sent:])
+                    choice["text"] = self.tokenizer.decode(rest, skip_special_tokens=False)
+                    if q.ids:
+                        choice["token_ids"] = rest
+                    await _event(resp, {**final, "object": "text_completion.chunk"})
+                    await resp.write(b"data: [DONE]\n\n")
+                    break
+                item = await events.get()
+        except ConnectionResetError:  # the client went away mid-stream: nobody will read the rest
+            self.loop.abort(request_id)
+        except asyncio.CancelledError:  # the same, where aiohttp cancels the handler on disconnect
+            self.loop.abort(request_id)
+            raise
+        return resp
+
+    def _chunk(self, request_id: str, q: Completion, tokens: list[int]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "text": self.tokenizer.decode(tokens, skip_special_tokens=False),
+                                  "finish_reason": None}
+        if q.ids:
+            choice["token_ids"] = tokens
+        return {"id": request_id, "object": "text_completion.chunk", "created": int(time.time()), "model": q.model,
+                "choices": [choice]}
 
     @staticmethod
     def _resolver(fut: asyncio.Future):

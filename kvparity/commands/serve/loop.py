@@ -9,7 +9,9 @@ the overlap that batching and scheduling bugs need. When nothing is running the 
 (no polling, no delay).
 
 Every engine call happens on this thread, so the engine needs no locks; HTTP handlers only `submit` and
-wait for a callback. A request the engine refuses (a named input error) is answered alone; a step that
+wait for a callback. A streamed request also gets its output so far after every step (`progress`), and
+`abort` stops a request between two steps (a streaming client that closed its connection), as real
+servers do: what it committed stays, what it held goes back. A request the engine refuses (a named input error) is answered alone; a step that
 raises aborts every in-flight request (the engine releases their blocks) and each of them is answered with
 the error, so a crash is an HTTP 500, never a hang. `flush` (the cache-reset endpoint) runs between steps.
 """
@@ -25,6 +27,7 @@ from reference_engine.errors import PoolExhaustedError, ReferenceEngineError
 from reference_engine.sequence import Identity, Report
 
 Done = Callable[[object], None]  # called once with a Report, or with the exception that ended the request
+Progress = Callable[[tuple[int, ...]], None]  # a streamed request's output so far, after each step
 
 
 class RequestRefused(Exception):
@@ -43,6 +46,7 @@ class EngineLoop:
         self._inbox: deque[tuple] = deque()
         self._wake = threading.Condition()
         self._waiting: dict[str, Done] = {}
+        self._progress: dict[str, Progress] = {}
         self._closed = False
         self.steps = 0  # engine steps run: how many times a batch was formed
         self.largest_batch = 0  # most requests live together in one step
@@ -51,8 +55,12 @@ class EngineLoop:
 
     # -- any thread ---------------------------------------------------------------------------------
     def submit(self, request_id: str, prompt: tuple[int, ...], max_tokens: int, stop_ids: tuple[int, ...],
-               identity: Identity, done: Done) -> None:
-        self._post(("request", request_id, prompt, max_tokens, stop_ids, identity, done))
+               identity: Identity, done: Done, progress: Progress | None = None) -> None:
+        self._post(("request", request_id, prompt, max_tokens, stop_ids, identity, done, progress))
+
+    def abort(self, request_id: str) -> None:
+        """Stop the request between two steps (its `done` gets the aborted report); gone already: nothing."""
+        self._post(("abort", request_id))
 
     def flush(self, done: Done) -> None:
         """Forget every reusable KV (between two steps); `done(None)` once it is done."""
@@ -92,12 +100,16 @@ class EngineLoop:
                 reports = self.engine.step()
                 self.steps += 1
             except Exception as exc:  # noqa: BLE001 - the engine aborted everything in flight; answer each
-                failed, self._waiting = self._waiting, {}
+                failed, self._waiting, self._progress = self._waiting, {}, {}
                 for done in failed.values():
                     done(EngineFailed(f"engine step failed: {type(exc).__name__}: {exc}"))
                 continue
             for report in reports:
                 self._answer(report)
+            for request_id, progress in self._progress.items():
+                seq = self.engine.live.get(request_id)
+                if seq is not None:
+                    progress(tuple(seq.output))
         for done in self._waiting.values():
             done(EngineFailed("the server shut down"))
 
@@ -106,15 +118,23 @@ class EngineLoop:
             self.engine.flush()
             item[1](None)
             return
-        _, request_id, prompt, max_tokens, stop_ids, identity, done = item
+        if item[0] == "abort":
+            report = self.engine.abort(item[1])
+            if report is not None:
+                self._answer(report)
+            return
+        _, request_id, prompt, max_tokens, stop_ids, identity, done, progress = item
         try:
             self.engine.add_request(request_id, prompt, max_tokens, stop_ids, identity)
         except (ReferenceEngineError, PoolExhaustedError) as exc:
             done(RequestRefused(f"{type(exc).__name__}: {exc}"))
             return
         self._waiting[request_id] = done
+        if progress is not None:
+            self._progress[request_id] = progress
 
     def _answer(self, report: Report) -> None:
+        self._progress.pop(report.request_id, None)
         done = self._waiting.pop(report.request_id, None)
         if done is not None:
             done(report)

@@ -6,7 +6,8 @@ built on it would compare the wrong thing without knowing. So every field of a r
 
 - honoured: model, prompt, max_tokens, stop_token_ids (ids in the vocabulary), logprobs (0 to
   `MAX_LOGPROBS`, vLLM's default `max_logprobs`), cache_salt, user, return_token_ids,
-  return_tokens_as_token_ids;
+  return_tokens_as_token_ids, stream (server-sent events, a chunk per engine step; a client that closes
+  the stream aborts the request);
 - accepted only at its neutral value, the one that asks for nothing this greedy server does not already
   do (`NEUTRAL`: temperature 0, top_p 1, presence_penalty 0, echo false, ...); for these JSON null
   means "not given" and is accepted;
@@ -29,13 +30,12 @@ from reference_engine.sequence import Identity
 
 MAX_LOGPROBS = 20
 HONOURED = frozenset({"model", "prompt", "max_tokens", "stop_token_ids", "logprobs", "cache_salt", "user",
-                      "return_token_ids", "return_tokens_as_token_ids", "seed"})
+                      "return_token_ids", "return_tokens_as_token_ids", "seed", "stream"})
 NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {  # name: (accepted values, why nothing else is)
     "temperature": ((0,), "this server decodes greedily only: temperature must be 0"),
     "n": ((1,), "n must be 1 (one completion per request)"),
     "best_of": ((1,), "best_of must be 1 (greedy decoding has one best)"),
-    "stream": ((False,), "streaming is not supported"),
-    "stream_options": ((), "streaming is not supported"),
+    "stream_options": ((), "stream_options is not supported (a streamed answer's last chunk carries the usage)"),
     "echo": ((False,), "echo is not supported"),
     "stop": (([], ""), "stop strings are not supported; use stop_token_ids"),
     "suffix": (("",), "suffix is not supported"),
@@ -108,6 +108,7 @@ class Completion:
     logprobs: int | None  # top-n alternatives per token; 0: the chosen token's logprob only
     ids: bool  # return_token_ids
     as_ids: bool  # return_tokens_as_token_ids
+    stream: bool = False  # answered as server-sent events, a chunk per engine step
 
 
 def _prompt(raw: object, tokenizer) -> tuple[int, ...]:
@@ -160,4 +161,5 @@ def parse(body: object, *, model_name: str, adapters: Iterable[str], tokenizer, 
         raise BadRequest(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {shown(logprobs)}")
     return Completion(model, prompt, max_tokens, _stop_ids(body.get("stop_token_ids"), vocab),
                       Identity(revision, adapter, salt_of(salt, user)), logprobs,
-                      _flag(body, "return_token_ids"), _flag(body, "return_tokens_as_token_ids"))
+                      _flag(body, "return_token_ids"), _flag(body, "return_tokens_as_token_ids"),
+                      _flag(body, "stream"))
