@@ -42,8 +42,10 @@ def test_closing_the_stream_aborts_the_request_and_the_adapter_reports_it(served
     served.reset()
     cut = Request("cut", PROMPT, 12, abort_after=3)
     late = Request("late", PROMPT[:40], 2, abort_after=5)  # finishes before its abort point
-    r_cut, r_late = served.run([cut, late])
-    for q, r in ((cut, r_cut), (late, r_late)):
+    gone = Request("gone", PROMPT[:50], 12, abort_after=0)  # the client leaves before any token
+    r_cut, r_late, r_gone = served.run([cut, late, gone])
+    assert r_gone.finish_reason == "abort" and r_gone.output == ()
+    for q, r in ((cut, r_cut), (late, r_late), (gone, r_gone)):
         validation.result(q, r, caps)
         plain = served.baseline(attrs.evolve(q, abort_after=None)).output
         assert tuple(r.output) == tuple(plain[:len(r.output)])

@@ -384,12 +384,16 @@ class OpenAIHttpAdapter:
 
     def _streamed(self, q: Request, body: dict[str, Any], t0: float) -> Result:
         """A request with an abort point (issue 30), streamed; the connection is closed once the chunks
-        hold `abort_after` output tokens (0: at the first chunk), which the server takes as the client
+        hold `abort_after` output tokens (0: at once, before any answer), which the server takes as the client
         going away and aborts it. A stream that finishes first is an ordinary answer: the abort came too
         late, and the result says so by its own finish reason. The output of an aborted request is what
         the client received; the server may have computed a step further."""
         got: list[int] = []
         final: dict[str, Any] | None = None
+        if q.abort_after == 0:  # gone before the first token: the server aborts it at its next step, if it ran
+            self.http.send_and_leave("/v1/completions", {**body, "stream": True})
+            return Result(q.id, (), "abort", timings={"http_s": time.monotonic() - t0},
+                          extra={"prompt_tokens": len(q.prompt), "aborted_by": "client left before any token"})
         events = self.http.stream("/v1/completions", {**body, "stream": True})
         try:
             for event in events:

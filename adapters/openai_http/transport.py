@@ -65,6 +65,18 @@ class Http:
             raise EngineError(f"malformed JSON from {method} {path}: {payload[:80]!r}") from exc
 
 
+    def send_and_leave(self, path: str, body: Any) -> None:
+        """POST `body` and close the connection without waiting for an answer: a client that goes away
+        at once (a streamed request aborted before its first token)."""
+        host, _, port = self.base.split("//", 1)[1].partition(":")
+        conn = http.client.HTTPConnection(host, int(port or 80), timeout=self.timeout)
+        try:
+            conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        except (ConnectionError, OSError) as exc:
+            raise EngineError(f"POST {path} to {self.base} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            conn.close()
+
     def stream(self, path: str, body: Any, timeout: float | None = None) -> Iterator[dict[str, Any]]:
         """POST `body` asking for server-sent events and yield each event's JSON until `data: [DONE]`.
         Closing the generator early closes the connection: what an OpenAI server reads as the client
