@@ -31,8 +31,9 @@ token of the run's top-k the reference's top-k holds, for the same two sources; 
 is max(oracle) + max(batch) + max(config) (sample maxima: that check fails on a whole run's largest
 deviation), in the file's `logprobs` section, which `kvparity run --calibration` reads. Where logprobs are measured, the
 requests take the engine's revisions and adapters in turn (each set of weights rounds differently). The `config`
-source, for engines measured through run(): every non-default value of every knob, each batch run cold
-and then warm, against plain decoding alone (the shapes a run's features decode in).
+source, for every engine that reports logprobs (through run(), also where plain() measures the other two):
+every non-default value of every knob, each batch run cold and then warm, against plain decoding alone
+(the shapes a run's features decode in: a verification window, a chunk, a cache hit).
 
 An engine whose adapter has `plain(requests) -> list[Baseline]` (plain decoding of the requests as one
 batch; the transformers adapter: one left-padded `generate`) is measured through it. Any other engine is
@@ -277,7 +278,7 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
                 against_oracle(j, out)
                 if flip:
                     flips.append({"source": f"batch of {size}, position {position}", "request": requests[j].id, **flip})
-    if not callable(getattr(engine, "plain", None)) and caps.logprobs_k > 0:
+    if caps.logprobs_k > 0:  # plain() decodes in plain mode's shapes only: the features' need run()
         lp_samples["config"] = config_logprob_deltas(engine, caps, requests, alone, max(args.sizes))
     sources = {k: describe(v, args.quantile, args.confidence) for k, v in samples.items()}
     tau = sources["oracle"]["bound"]["value"] + sources["batch"]["bound"]["value"]
