@@ -160,11 +160,24 @@ class TransformersAdapter:
         return self.plain([request])[0]
 
     def plain(self, requests: Sequence[Request]) -> list[Baseline]:
-        """Plain `generate` of `requests` as ONE left-padded batch (one request: the engine's own plain
-        mode). `kvparity calibrate` runs the same request alone and in batches of others, at every
-        position, to measure how much batch composition alone moves this engine's logits."""
+        """Plain `generate` of `requests` as ONE left-padded batch per revision (one request: the engine's
+        own plain mode). `kvparity calibrate` runs the same request alone and in batches of others, at
+        every position, to measure how much batch composition alone moves this engine's logits. A model
+        holds one set of weights, so requests under different revisions cannot share a forward pass: each
+        revision's requests form their own batch, in their order (decoding them all under the first
+        one's revision made a calibration mixing revisions measure other weights as "batch noise")."""
         if len({r.stop_ids for r in requests}) != 1:
             raise UsageError("plain(): the requests of one batch must share their stop ids")
+        by_revision: dict[str, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_revision.setdefault(r.identity.revision, []).append(i)
+        out: dict[int, Baseline] = {}
+        for revision, indices in by_revision.items():
+            out.update(zip(indices, self._plain_batch([requests[i] for i in indices])))
+        return [out[i] for i in range(len(requests))]
+
+    def _plain_batch(self, requests: Sequence[Request]) -> list[Baseline]:
+        """Plain `generate` of requests under one revision as one left-padded batch."""
         prompts = [list(r.prompt) for r in requests]
         width = max(len(p) for p in prompts)
         pad = self.info.pad_id if self.info.pad_id is not None else (self.eos or 0)
