@@ -140,3 +140,26 @@ def test_calibrate_measures_a_transformers_logprob_epsilon(tmp_path):
     section = json.loads(out.read_text())["logprobs"]
     assert all(section["sources"][s]["n"] > 0 for s in ("oracle", "batch", "config"))
     assert 0 < load_calibration(out).logprob_epsilon < 1e-3
+
+
+def test_the_stored_noise_sample_reads_back_from_pairs_and_from_an_old_flat_list(tmp_path):
+    """calibrate stores plain_noise as [value, count] pairs (a file of a 64-prompt sample stays a few KB
+    under reports/' size cap); flip_probability reads the same sample as from the old flat list."""
+    from kvparity.commands.calibrate import dumps, value_counts
+
+    flat = sorted([0.0] * 900 + [0.05] * 90 + [0.2] * 10)
+    pairs = value_counts(reversed(flat))
+    assert pairs == [[0.0, 900], [0.05, 90], [0.2, 10]]
+    data = json.loads(CALIBRATION.read_text())
+    loaded = {}
+    for name, stored in (("pairs", pairs), ("flat", flat)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(dumps({**data, "plain_noise": stored}))
+        loaded[name] = load_calibration(path)
+        assert loaded[name].flip_probability(0.01) == pytest.approx(101 / 1001)
+    assert loaded["pairs"].data["plain_noise"] == flat
+    bad = tmp_path / "bad.json"
+    bad.write_text(dumps({**data, "plain_noise": [[0.2, 1], [0.1, 1]]}))
+    from conformance.contract import UsageError
+    with pytest.raises(UsageError, match="ascending"):
+        load_calibration(bad)

@@ -52,7 +52,7 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from kvparity.parsing import UsageParser, output_file, run_command, summary
 from conformance.exit_codes import ExitCode
@@ -73,6 +73,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="the calibration file to write (JSON)")
     p.add_argument("--prompts", type=positive_int, default=32, help="distinct requests measured")
     p.add_argument("--max-tokens", type=positive_int, default=16, help="tokens decoded per request")
+    p.add_argument("--max-prompt-len", type=positive_int, default=64,
+                   help="longest prompt measured (capped at the longest a run sends); logprob deviations grow "
+                        "with the context, so an epsilon for a run's long prompts needs them measured")
     p.add_argument("--batch-sizes", default="2,4", help="batch sizes each request is also decoded in")
     p.add_argument("--quantile", type=float, default=0.999, help="quantile of the margin difference tau bounds")
     p.add_argument("--confidence", type=float, default=0.95, help="confidence of that upper bound")
@@ -238,7 +241,7 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
     caps = engine.capabilities()
     plain, how = plain_runner(engine, caps)
     rng = random.Random(args.seed)
-    top = max(2, min(64, max_prompt_len(caps)))
+    top = max(2, min(args.max_prompt_len, max_prompt_len(caps)))
     # every set of weights where logprobs are measured (their epsilon must hold for each); elsewhere the
     # default identity, as calibrations of those engines always were
     idents = identities(caps) if caps.logprobs_k > 0 else [Identity()]
@@ -288,7 +291,7 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "capabilities": {"name": caps.name, "version": caps.version, "oracle": caps.oracle,
                          "declared_tolerance": caps.tolerance, "vocab_size": caps.vocab_size},
-        "method": {"plain": how, "requests": len(requests), "max_tokens": args.max_tokens,
+        "method": {"plain": how, "requests": len(requests), "max_tokens": args.max_tokens, "prompt_lengths": [2, top],
                    "batch_sizes": args.sizes, "seed": args.seed, "quantile": args.quantile,
                    "confidence": args.confidence,
                    "sample": "|signed top-1/top-2 margin difference| per shared decoding step",
@@ -300,11 +303,27 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
                             "what": "plain outputs (alone and in every batch) diverging from the oracle, per "
                                     "step compared"},
         "flips": flips,
-        # sorted: `kvparity run --calibration` reads P(noise > margin) from it (numerics.flip_probability)
-        "plain_noise": sorted(round(x, 7) for x in plain_noise),
+        # `kvparity run --calibration` reads P(noise > margin) from it (numerics.flip_probability)
+        "plain_noise": value_counts(round(x, 7) for x in plain_noise),
         "logprobs": logprob_section(lp_samples, args.quantile, args.confidence),
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def value_counts(sample: Iterable[float]) -> list[list[float | int]]:
+    """A sample as ascending [value, count] pairs (numerics.noise_sample reads it back): rounded noise
+    is mostly repeats, and reports/ has a size cap."""
+    counts: dict[float, int] = {}
+    for x in sample:
+        counts[x] = counts.get(x, 0) + 1
+    return [[x, counts[x]] for x in sorted(counts)]
+
+
+def dumps(data: dict[str, Any]) -> str:
+    """The file's JSON, indented, with the noise sample's pairs on one line (one pair per three lines
+    otherwise)."""
+    text = json.dumps({**data, "plain_noise": "@noise"}, indent=1)
+    return text.replace('"@noise"', json.dumps(data["plain_noise"], separators=(",", ":")), 1) + "\n"
 
 
 def work(args: argparse.Namespace) -> int:
@@ -327,7 +346,7 @@ def work(args: argparse.Namespace) -> int:
         if closed:
             print(f"ERROR: {closed}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    args.out.write_text(dumps(data))
     b, o = data["sources"]["batch"], data["sources"]["oracle"]
     print(f"tau {data['tau']:.4g} = oracle bound {o['bound']['value']:.4g} (n {o['n']}) + batch bound "
           f"{b['bound']['value']:.4g} (n {b['n']}), quantile {args.quantile} at confidence {args.confidence}; "
