@@ -163,3 +163,20 @@ def test_the_stored_noise_sample_reads_back_from_pairs_and_from_an_old_flat_list
     from conformance.contract import UsageError
     with pytest.raises(UsageError, match="ascending"):
         load_calibration(bad)
+
+
+def test_calibrate_reaches_the_context_end_only_when_asked(adapter):
+    """A run's largest float32 logprob deviations sit at its context-end prompts (~1000 tokens: RoPE angles
+    in float32), which calibrate's default lengths (2-64) never reach; --max-prompt-len reaches them, with
+    every fourth prompt in the top eighth, and leaves the default draws as they were."""
+    import random
+
+    from kvparity.commands.calibrate import prompt_lengths, prompt_top
+
+    caps = adapter.capabilities()
+    assert prompt_top(caps, 64, 16, 200) == 64 and prompt_top(caps, 1024, 24, 200) == caps.context_limit() - 25
+    short = prompt_lengths(16, 64, random.Random(0), random.Random(1))
+    rng = random.Random(0)
+    assert short == [rng.randint(2, 64) for _ in range(16)]
+    long = prompt_lengths(16, 999, random.Random(0), random.Random(1))
+    assert all(n >= 999 - 999 // 8 for n in long[3::4]) and max(long) <= 999

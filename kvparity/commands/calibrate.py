@@ -235,19 +235,46 @@ def identities(caps: Capabilities) -> list[Identity]:
     return out
 
 
+# Up to this prompt length calibrate draws lengths as it always did; above it, --max-prompt-len reaches
+# the context's end, where a run's longest prompts sit.
+SHORT_TOP = 64
+
+
+def prompt_top(caps: Capabilities, asked: int, max_tokens: int, suite_longest: int) -> int:
+    """The longest prompt measured: `asked`, within the room the context leaves for `max_tokens`. Up to
+    SHORT_TOP the suite's own cap applies as before; beyond it, the context itself (the strategies send
+    prompts up to the context's end, past the cap of their random prompts)."""
+    if asked <= SHORT_TOP:
+        return max(2, min(asked, suite_longest))
+    return max(2, min(asked, caps.context_limit() - max_tokens - 1))
+
+
+def prompt_lengths(n: int, top: int, rng: random.Random, long_rng: random.Random) -> list[int]:
+    """`n` prompt lengths uniform in [2, top]; when top exceeds SHORT_TOP every fourth is drawn from the
+    range's top eighth instead (from its own generator, so the others are the lengths they always were):
+    rounding grows with the position (transformers computes RoPE angles in float32: at position ~1000
+    their ulp is 6e-5 rad), and a run's largest logprob deviations come from its context-end prompts."""
+    lengths = [rng.randint(2, top) for _ in range(n)]
+    if top > SHORT_TOP:
+        for i in range(3, n, 4):
+            lengths[i] = long_rng.randint(top - top // 8, top)
+    return lengths
+
+
 def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
     from conformance.domains import max_prompt_len, seeded_tokens
 
     caps = engine.capabilities()
     plain, how = plain_runner(engine, caps)
     rng = random.Random(args.seed)
-    top = max(2, min(args.max_prompt_len, max_prompt_len(caps)))
+    top = prompt_top(caps, args.max_prompt_len, args.max_tokens, max_prompt_len(caps))
     # every set of weights where logprobs are measured (their epsilon must hold for each); elsewhere the
     # default identity, as calibrations of those engines always were
     idents = identities(caps) if caps.logprobs_k > 0 else [Identity()]
-    requests = [Request(f"cal{i}", seeded_tokens(caps, rng.randint(2, top), args.seed * 100003 + i), args.max_tokens,
+    lengths = prompt_lengths(args.prompts, top, rng, random.Random(args.seed + 1))
+    requests = [Request(f"cal{i}", seeded_tokens(caps, n, args.seed * 100003 + i), args.max_tokens,
                         identity=idents[i % len(idents)])
-                for i in range(args.prompts)]
+                for i, n in enumerate(lengths)]
     started = time.monotonic()
     alone = [plain([r])[0] for r in requests]
     oracle = [engine.baseline(r) for r in requests]
