@@ -40,8 +40,9 @@ def largest(run_dir: Path) -> tuple[int, int, float]:
 
 
 def main(argv: list[str]) -> None:
-    print("| run | verdict | examples | logprob_parity | results | pairs | largest deviation | epsilon | ratio |")
-    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
+    print("| dtype | seed | verdict | examples | logprob_parity | results | pairs | largest deviation | epsilon "
+          "| ratio | wall |")
+    print("|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for arg in argv:
         run_dir = Path(arg)
         res = json.loads((run_dir / "results.json").read_text())
@@ -49,8 +50,10 @@ def main(argv: list[str]) -> None:
         status = res.get("checks", {}).get("logprob_parity", {}).get("status", "?")
         n, pairs, worst = largest(run_dir)
         ratio = f"{worst / eps:.2f}" if eps else "-"
-        print(f"| `{run_dir.name}` | {res['verdict']} | {res['examples']} | {status} | {n} | {pairs} | "
-              f"{worst:.3g} | {eps if eps is None else f'{eps:.3g}'} | {ratio} |")
+        dtype = res["run"].get("engine_args", {}).get("dtype", "?")
+        print(f"| {dtype} | {res['run'].get('seed')} | {res['verdict']} | {res['examples']} | {status} | {n} | "
+              f"{pairs:,} | {worst:.3g} | {eps if eps is None else f'{eps:.3g}'} | {ratio} | "
+              f"{res.get('duration_s', 0):.0f} s |")
 
 
 if __name__ == "__main__":
