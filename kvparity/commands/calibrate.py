@@ -331,10 +331,19 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
                                     "step compared"},
         "flips": flips,
         # `kvparity run --calibration` reads P(noise > margin) from it (numerics.flip_probability)
-        "plain_noise": value_counts(round(x, 7) for x in plain_noise),
+        "plain_noise": value_counts(round_up(x) for x in plain_noise),
         "logprobs": logprob_section(lp_samples, args.quantile, args.confidence),
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def round_up(x: float, digits: int = 3) -> float:
+    """`x` rounded up to `digits` significant digits: the stored noise is never below what was measured
+    (flip_probability then never under-counts), and a sample of a few distinct values stays a few KB."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    scale = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return float(f"{math.ceil(x / scale - 1e-9) * scale:.{digits}g}")
 
 
 def value_counts(sample: Iterable[float]) -> list[list[float | int]]:
@@ -347,10 +356,13 @@ def value_counts(sample: Iterable[float]) -> list[list[float | int]]:
 
 
 def dumps(data: dict[str, Any]) -> str:
-    """The file's JSON, indented, with the noise sample's pairs on one line (one pair per three lines
-    otherwise)."""
-    text = json.dumps({**data, "plain_noise": "@noise"}, indent=1)
-    return text.replace('"@noise"', json.dumps(data["plain_noise"], separators=(",", ":")), 1) + "\n"
+    """The file's JSON, indented, with the noise sample's pairs on one line and one flip per line (a
+    bf16 file of a 128-prompt sample was 67 KB at one value per line)."""
+    compact = (lambda v: json.dumps(v, separators=(",", ":")))
+    flips = data.get("flips") or []
+    text = json.dumps({**data, "plain_noise": "@noise", "flips": "@flips"}, indent=1)
+    listed = "[\n  " + ",\n  ".join(compact(f) for f in flips) + "\n ]" if flips else "[]"
+    return text.replace('"@noise"', compact(data["plain_noise"]), 1).replace('"@flips"', listed, 1) + "\n"
 
 
 def work(args: argparse.Namespace) -> int:
