@@ -46,10 +46,12 @@ from reference_engine import checkpoints
 from reference_engine.logprobs import LOGPROBS_K, top_logprobs
 
 DRAFT_MODES = ("assisted", "adversarial")
-# Declared tau per engine dtype against the float64 reference: float32 from the vLLM/llama.cpp
-# measurements (max margin error ~1.5e-5); bfloat16/float16 are the calibrated values committed in
-# reports/calibration/ for the shipped family (`kvparity calibrate`); re-calibrate for another model.
-TOLERANCE = {"float64": 0.0, "float32": 1e-4, "bfloat16": 0.2, "float16": 0.03}
+# Declared tau per engine dtype against the float64 reference: the calibrated values committed in
+# reports/calibration/ for the shipped family (`kvparity calibrate`), rounded up; re-calibrate for another
+# model. float32 was 1e-4 (vLLM/llama.cpp's short-prompt margin error ~1.5e-5) until a calibration reaching
+# the context's end measured 1.7e-4 (RoPE angles in float32 at position ~1000); bfloat16 0.2 until the
+# same (revisions a and b, long prompts) measured 0.29.
+TOLERANCE = {"float64": 0.0, "float32": 2e-4, "bfloat16": 0.3, "float16": 0.03}
 
 
 class TransformersAdapter:
