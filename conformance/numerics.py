@@ -161,6 +161,24 @@ def _epsilon(data: Mapping[str, Any]) -> float | None:
     return eps
 
 
+def round_up(x: float, digits: int = 3) -> float:
+    """`x` rounded up to `digits` significant digits: the stored noise is never below what was measured
+    (flip_probability then never under-counts), and a sample of a few distinct values stays a few KB."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    scale = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return float(f"{math.ceil(x / scale - 1e-9) * scale:.{digits}g}")
+
+
+def value_counts(sample: Iterable[float]) -> list[list[float | int]]:
+    """A sample as ascending [value, count] pairs (numerics.noise_sample reads it back): rounded noise
+    is mostly repeats, and reports/ has a size cap."""
+    counts: dict[float, int] = {}
+    for x in sample:
+        counts[x] = counts.get(x, 0) + 1
+    return [[x, counts[x]] for x in sorted(counts)]
+
+
 def noise_sample(stored: Any) -> list[float]:
     """A file's `plain_noise` as the sorted sample flip_probability reads. Written as ascending
     [value, count] pairs (the values are rounded to 1e-7, so most of a sample is repeats: a flat list

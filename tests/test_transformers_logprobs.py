@@ -145,7 +145,8 @@ def test_calibrate_measures_a_transformers_logprob_epsilon(tmp_path):
 def test_the_stored_noise_sample_reads_back_from_pairs_and_from_an_old_flat_list(tmp_path):
     """calibrate stores plain_noise as [value, count] pairs (a file of a 64-prompt sample stays a few KB
     under reports/' size cap); flip_probability reads the same sample as from the old flat list."""
-    from kvparity.commands.calibrate import dumps, round_up, value_counts
+    from conformance.numerics import round_up, value_counts
+    from kvparity.commands.calibrate import dumps
 
     for x in (1.05e-05, 0.1959346, 0.09375, 4.76837158203125e-07, 0.0):
         assert x <= round_up(x) <= x * 1.01 and len(f"{round_up(x):g}".lstrip("0.").split("e")[0]) <= 4

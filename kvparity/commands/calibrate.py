@@ -52,14 +52,14 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from kvparity.parsing import UsageParser, output_file, run_command, summary
 from conformance.exit_codes import ExitCode
 from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seconds
 from conformance.engine_lifecycle import build_engine, close_engine
 from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
-from conformance.numerics import CALIBRATION_VERSION, quantile_bound
+from conformance.numerics import CALIBRATION_VERSION, quantile_bound, round_up, value_counts
 
 HISTOGRAM_EDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, math.inf)
 
@@ -335,24 +335,6 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
         "logprobs": logprob_section(lp_samples, args.quantile, args.confidence),
         "seconds": round(time.monotonic() - started, 1),
     }
-
-
-def round_up(x: float, digits: int = 3) -> float:
-    """`x` rounded up to `digits` significant digits: the stored noise is never below what was measured
-    (flip_probability then never under-counts), and a sample of a few distinct values stays a few KB."""
-    if x <= 0 or not math.isfinite(x):
-        return x
-    scale = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
-    return float(f"{math.ceil(x / scale - 1e-9) * scale:.{digits}g}")
-
-
-def value_counts(sample: Iterable[float]) -> list[list[float | int]]:
-    """A sample as ascending [value, count] pairs (numerics.noise_sample reads it back): rounded noise
-    is mostly repeats, and reports/ has a size cap."""
-    counts: dict[float, int] = {}
-    for x in sample:
-        counts[x] = counts.get(x, 0) + 1
-    return [[x, counts[x]] for x in sorted(counts)]
 
 
 def dumps(data: dict[str, Any]) -> str:
