@@ -161,6 +161,43 @@ def _epsilon(data: Mapping[str, Any]) -> float | None:
     return eps
 
 
+def round_up(x: float, digits: int = 3) -> float:
+    """`x` rounded up to `digits` significant digits: the stored noise is never below what was measured
+    (flip_probability then never under-counts), and a sample of a few distinct values stays a few KB."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    scale = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return float(f"{math.ceil(x / scale - 1e-9) * scale:.{digits}g}")
+
+
+def value_counts(sample: Iterable[float]) -> list[list[float | int]]:
+    """A sample as ascending [value, count] pairs (numerics.noise_sample reads it back): rounded noise
+    is mostly repeats, and reports/ has a size cap."""
+    counts: dict[float, int] = {}
+    for x in sample:
+        counts[x] = counts.get(x, 0) + 1
+    return [[x, counts[x]] for x in sorted(counts)]
+
+
+def noise_sample(stored: Any) -> list[float]:
+    """A file's `plain_noise` as the sorted sample flip_probability reads. Written as ascending
+    [value, count] pairs (the values are rounded to 1e-7, so most of a sample is repeats: a flat list
+    made a calibration file ~100 KB under reports/' size cap); files written before that hold the flat
+    sorted list, read as it is."""
+    if not stored:
+        return []
+    if not isinstance(stored[0], list):
+        return [float(x) for x in stored]
+    out: list[float] = []
+    for value, count in stored:
+        if int(count) < 0:
+            raise ValueError(f"plain_noise count {count!r} is negative")
+        out.extend([float(value)] * int(count))
+    if any(a > b for a, b in zip(out, out[1:])):
+        raise ValueError("plain_noise values are not ascending")
+    return out
+
+
 def load_calibration(path: str | Path) -> Calibration:
     """A file `kvparity calibrate` wrote; anything else is a one-line UsageError."""
     try:
@@ -169,6 +206,7 @@ def load_calibration(path: str | Path) -> Calibration:
             raise ValueError(f"format version {data.get('kvparity_calibration')!r}, this kvparity reads "
                              f"{CALIBRATION_VERSION}")
         tau = float(data["tau"])
+        data = {**data, "plain_noise": noise_sample(data.get("plain_noise"))}
         plain = data["plain_near_ties"]
         cal = Calibration(str(path), str(data["engine"]), dict(data.get("engine_args") or {}), tau,
                           int(plain["flips"]), int(plain["steps"]), data, _epsilon(data))

@@ -31,8 +31,9 @@ token of the run's top-k the reference's top-k holds, for the same two sources; 
 is max(oracle) + max(batch) + max(config) (sample maxima: that check fails on a whole run's largest
 deviation), in the file's `logprobs` section, which `kvparity run --calibration` reads. Where logprobs are measured, the
 requests take the engine's revisions and adapters in turn (each set of weights rounds differently). The `config`
-source, for engines measured through run(): every non-default value of every knob, each batch run cold
-and then warm, against plain decoding alone (the shapes a run's features decode in).
+source, for every engine that reports logprobs (through run(), also where plain() measures the other two):
+every non-default value of every knob, each batch run cold and then warm, against plain decoding alone
+(the shapes a run's features decode in: a verification window, a chunk, a cache hit).
 
 An engine whose adapter has `plain(requests) -> list[Baseline]` (plain decoding of the requests as one
 batch; the transformers adapter: one left-padded `generate`) is measured through it. Any other engine is
@@ -58,7 +59,7 @@ from conformance.exit_codes import ExitCode
 from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seconds
 from conformance.engine_lifecycle import build_engine, close_engine
 from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
-from conformance.numerics import CALIBRATION_VERSION, quantile_bound
+from conformance.numerics import CALIBRATION_VERSION, quantile_bound, round_up, value_counts
 
 HISTOGRAM_EDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, math.inf)
 
@@ -72,6 +73,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="the calibration file to write (JSON)")
     p.add_argument("--prompts", type=positive_int, default=32, help="distinct requests measured")
     p.add_argument("--max-tokens", type=positive_int, default=16, help="tokens decoded per request")
+    p.add_argument("--max-prompt-len", type=positive_int, default=64,
+                   help="longest prompt measured (capped at the longest a run sends); logprob deviations grow "
+                        "with the context, so an epsilon for a run's long prompts needs them measured")
     p.add_argument("--batch-sizes", default="2,4", help="batch sizes each request is also decoded in")
     p.add_argument("--quantile", type=float, default=0.999, help="quantile of the margin difference tau bounds")
     p.add_argument("--confidence", type=float, default=0.95, help="confidence of that upper bound")
@@ -231,19 +235,46 @@ def identities(caps: Capabilities) -> list[Identity]:
     return out
 
 
+# Up to this prompt length calibrate draws lengths as it always did; above it, --max-prompt-len reaches
+# the context's end, where a run's longest prompts sit.
+SHORT_TOP = 64
+
+
+def prompt_top(caps: Capabilities, asked: int, max_tokens: int, suite_longest: int) -> int:
+    """The longest prompt measured: `asked`, within the room the context leaves for `max_tokens`. Up to
+    SHORT_TOP the suite's own cap applies as before; beyond it, the context itself (the strategies send
+    prompts up to the context's end, past the cap of their random prompts)."""
+    if asked <= SHORT_TOP:
+        return max(2, min(asked, suite_longest))
+    return max(2, min(asked, caps.context_limit() - max_tokens - 1))
+
+
+def prompt_lengths(n: int, top: int, rng: random.Random, long_rng: random.Random) -> list[int]:
+    """`n` prompt lengths uniform in [2, top]; when top exceeds SHORT_TOP every fourth is drawn from the
+    range's top eighth instead (from its own generator, so the others are the lengths they always were):
+    rounding grows with the position (transformers computes RoPE angles in float32: at position ~1000
+    their ulp is 6e-5 rad), and a run's largest logprob deviations come from its context-end prompts."""
+    lengths = [rng.randint(2, top) for _ in range(n)]
+    if top > SHORT_TOP:
+        for i in range(3, n, 4):
+            lengths[i] = long_rng.randint(top - top // 8, top)
+    return lengths
+
+
 def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
     from conformance.domains import max_prompt_len, seeded_tokens
 
     caps = engine.capabilities()
     plain, how = plain_runner(engine, caps)
     rng = random.Random(args.seed)
-    top = max(2, min(64, max_prompt_len(caps)))
+    top = prompt_top(caps, args.max_prompt_len, args.max_tokens, max_prompt_len(caps))
     # every set of weights where logprobs are measured (their epsilon must hold for each); elsewhere the
     # default identity, as calibrations of those engines always were
     idents = identities(caps) if caps.logprobs_k > 0 else [Identity()]
-    requests = [Request(f"cal{i}", seeded_tokens(caps, rng.randint(2, top), args.seed * 100003 + i), args.max_tokens,
+    lengths = prompt_lengths(args.prompts, top, rng, random.Random(args.seed + 1))
+    requests = [Request(f"cal{i}", seeded_tokens(caps, n, args.seed * 100003 + i), args.max_tokens,
                         identity=idents[i % len(idents)])
-                for i in range(args.prompts)]
+                for i, n in enumerate(lengths)]
     started = time.monotonic()
     alone = [plain([r])[0] for r in requests]
     oracle = [engine.baseline(r) for r in requests]
@@ -277,7 +308,7 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
                 against_oracle(j, out)
                 if flip:
                     flips.append({"source": f"batch of {size}, position {position}", "request": requests[j].id, **flip})
-    if not callable(getattr(engine, "plain", None)) and caps.logprobs_k > 0:
+    if caps.logprobs_k > 0:  # plain() decodes in plain mode's shapes only: the features' need run()
         lp_samples["config"] = config_logprob_deltas(engine, caps, requests, alone, max(args.sizes))
     sources = {k: describe(v, args.quantile, args.confidence) for k, v in samples.items()}
     tau = sources["oracle"]["bound"]["value"] + sources["batch"]["bound"]["value"]
@@ -287,7 +318,7 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "capabilities": {"name": caps.name, "version": caps.version, "oracle": caps.oracle,
                          "declared_tolerance": caps.tolerance, "vocab_size": caps.vocab_size},
-        "method": {"plain": how, "requests": len(requests), "max_tokens": args.max_tokens,
+        "method": {"plain": how, "requests": len(requests), "max_tokens": args.max_tokens, "prompt_lengths": [2, top],
                    "batch_sizes": args.sizes, "seed": args.seed, "quantile": args.quantile,
                    "confidence": args.confidence,
                    "sample": "|signed top-1/top-2 margin difference| per shared decoding step",
@@ -299,11 +330,21 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
                             "what": "plain outputs (alone and in every batch) diverging from the oracle, per "
                                     "step compared"},
         "flips": flips,
-        # sorted: `kvparity run --calibration` reads P(noise > margin) from it (numerics.flip_probability)
-        "plain_noise": sorted(round(x, 7) for x in plain_noise),
+        # `kvparity run --calibration` reads P(noise > margin) from it (numerics.flip_probability)
+        "plain_noise": value_counts(round_up(x) for x in plain_noise),
         "logprobs": logprob_section(lp_samples, args.quantile, args.confidence),
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def dumps(data: dict[str, Any]) -> str:
+    """The file's JSON, indented, with the noise sample's pairs on one line and one flip per line (a
+    bf16 file of a 128-prompt sample was 67 KB at one value per line)."""
+    compact = (lambda v: json.dumps(v, separators=(",", ":")))
+    flips = data.get("flips") or []
+    text = json.dumps({**data, "plain_noise": "@noise", "flips": "@flips"}, indent=1)
+    listed = "[\n  " + ",\n  ".join(compact(f) for f in flips) + "\n ]" if flips else "[]"
+    return text.replace('"@noise"', compact(data["plain_noise"]), 1).replace('"@flips"', listed, 1) + "\n"
 
 
 def work(args: argparse.Namespace) -> int:
@@ -326,7 +367,7 @@ def work(args: argparse.Namespace) -> int:
         if closed:
             print(f"ERROR: {closed}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    args.out.write_text(dumps(data))
     b, o = data["sources"]["batch"], data["sources"]["oracle"]
     print(f"tau {data['tau']:.4g} = oracle bound {o['bound']['value']:.4g} (n {o['n']}) + batch bound "
           f"{b['bound']['value']:.4g} (n {b['n']}), quantile {args.quantile} at confidence {args.confidence}; "
