@@ -1,0 +1,101 @@
+"""The adapter starts on every transformers release it claims (benchmarks/transformers_sweep.py runs one per
+minor line; reports/transformers/compat.md). What a release changes is found by probing what it imported,
+so each fix here is tested on a FAKE of the library that behaves like the release in question.
+
+transformers 4.38 to 4.40 pin a `tokenizers` (0.15 to 0.19) that rejects the shipped tokenizer.json,
+whose BPE merges are spelled as pairs: the adapter's landmarks (same-text pairs) must still load."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import pytest
+import tokenizers
+
+from adapters import landmarks
+from reference_engine import checkpoints
+
+REAL_TOKENIZER = tokenizers.Tokenizer  # the FAKE below parses with it, even while it stands in for it
+SHIPPED = pathlib.Path(checkpoints.revision_dir("a")) / "tokenizer.json"
+
+
+class FakeOldTokenizer:
+    """A FAKE `tokenizers.Tokenizer` as tokenizers 0.19 behaves: a file whose merges are pairs fails to
+    parse (the Rust error is a bare Exception); legacy "a b" merges are read (by the real library here)."""
+
+    @staticmethod
+    def _parse(text: str) -> Any:
+        if any(isinstance(m, list) for m in json.loads(text)["model"]["merges"]):
+            raise Exception("data did not match any variant of untagged enum ModelWrapper at line 4150 column 3")
+        return REAL_TOKENIZER.from_str(text)
+
+    @classmethod
+    def from_file(cls, path: str) -> Any:
+        return cls._parse(pathlib.Path(path).read_text())
+
+    @classmethod
+    def from_str(cls, text: str) -> Any:
+        return cls._parse(text)
+
+
+def test_the_shipped_tokenizer_spells_merges_as_pairs():
+    """The premise: without pair-spelled merges the old tokenizers would read the file and nothing here
+    would be needed."""
+    merges = json.loads(SHIPPED.read_text())["model"]["merges"]
+    assert merges and all(isinstance(m, list) and len(m) == 2 for m in merges)
+
+
+def test_an_old_tokenizers_reads_the_file_with_legacy_merges():
+    tok = landmarks.load_tokenizer(SHIPPED, FakeOldTokenizer)
+    assert tok.get_vocab_size() == tokenizers.Tokenizer.from_file(str(SHIPPED)).get_vocab_size()
+
+
+def test_the_legacy_spelling_says_the_same_as_the_pairs():
+    """Lossless: every id decodes, and a text encodes, the same under both spellings (real tokenizers)."""
+    new = tokenizers.Tokenizer.from_file(str(SHIPPED))
+    old = landmarks.load_tokenizer(SHIPPED, FakeOldTokenizer)
+    assert [old.decode([i]) for i in range(new.get_vocab_size())] == \
+        [new.decode([i]) for i in range(new.get_vocab_size())]
+    text = "the cache must not change the output, ever: 12345 ..."
+    assert old.encode(text).ids == new.encode(text).ids
+
+
+def test_a_tokenizers_that_reads_the_file_is_not_rewritten():
+    class FakeReader:  # a FAKE whose from_file succeeds; from_str must not be reached
+        @staticmethod
+        def from_file(path: str) -> str:
+            return "read"
+
+        @staticmethod
+        def from_str(text: str) -> str:
+            raise AssertionError("rewrote a file the library could read")
+
+    assert landmarks.load_tokenizer(SHIPPED, FakeReader) == "read"
+
+
+def test_another_parse_failure_is_raised_not_hidden(tmp_path):
+    """A file the legacy spelling does not change (already legacy merges) fails as the library said."""
+    data = json.loads(SHIPPED.read_text())
+    data["model"]["merges"] = [" ".join(m) for m in data["model"]["merges"]]
+    file = tmp_path / "tokenizer.json"
+    file.write_text(json.dumps(data))
+
+    class FakeBroken:  # a FAKE that can parse nothing
+        @staticmethod
+        def from_file(path: str) -> Any:
+            raise Exception("unknown variant")
+
+        from_str = from_file
+
+    with pytest.raises(Exception, match="unknown variant"):
+        landmarks.load_tokenizer(file, FakeBroken)
+
+
+def test_the_landmarks_load_under_an_old_tokenizers(monkeypatch):
+    """What failed on 4.40.2: the adapter's landmarks (its construction) under the old library."""
+    expected = landmarks.shipped_landmarks.__wrapped__()
+    monkeypatch.setattr(tokenizers, "Tokenizer", FakeOldTokenizer)
+    got = landmarks.shipped_landmarks.__wrapped__()
+    assert got.same_text == expected.same_text and got.same_text
