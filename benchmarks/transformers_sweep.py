@@ -139,7 +139,9 @@ def read_results(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         return {"verdict": "error", "cause": f"unreadable run folder {run_dir}: {exc}"}
     findings = [{"signature": f["signature"]["signature"], "check": f["check"], "known": bool(f.get("known")),
-                 "headline": f.get("headline", f.get("title", ""))} for f in results.get("findings", [])]
+                 "headline": f.get("headline", f.get("title", "")), "config": finding_config(f),
+                 "explanation": str(f.get("explanation", "")).split(". ")[0]}
+                for f in results.get("findings", [])]
     record = {"verdict": results["verdict"], "examples": results["examples"], "run_dir": str(run_dir),
               "findings": findings}
     new = [f for f in findings if not f["known"]]
@@ -151,6 +153,15 @@ def read_results(run_dir: Path) -> dict[str, Any]:
     elif results.get("errors"):
         record["cause"] = "; ".join(map(str, results["errors"]))[:300]
     return record
+
+
+def finding_config(finding: dict[str, Any]) -> str:
+    """The configuration (mode, k) of the batch a finding's story focuses on, as `k=5 mode=assisted`."""
+    story = finding.get("story") or {}
+    focus = (story.get("focus") or {}).get("batch")
+    config = next((t.get("config") for t in story.get("timeline", ())
+                   if t.get("kind") == "batch" and t.get("batch") == focus), None) or {}
+    return " ".join(f"{k}={v}" for k, v in sorted(config.items()))
 
 
 def sweep_one(args: argparse.Namespace, version: str) -> dict[str, Any]:
@@ -208,9 +219,12 @@ def probe_cell(p: dict[str, Any] | None) -> str:
 
 
 def findings_cell(record: dict[str, Any]) -> str:
-    known = sorted({f["signature"] for f in record.get("findings", ()) if f["known"]})
+    """The cause, then each waived known finding with the configuration and what it saw (a signature is
+    coarse: the same one can stand for another bug on another release)."""
+    known = {f["signature"]: f for f in record.get("findings", ()) if f["known"]}
+    waived = [f"{sig} ({f.get('config', '')}: {f.get('explanation') or f['headline']})" for sig, f in sorted(known.items())]
     cause = record.get("cause", "")
-    return "; ".join(filter(None, [cause.replace("|", "/"), f"known met: {', '.join(known)}" if known else ""]))
+    return "; ".join(filter(None, [cause, f"known met: {', '.join(waived)}" if waived else ""])).replace("|", "/")
 
 
 def render(data: dict[str, Any]) -> str:
@@ -258,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", action="store_true", help="only re-render the table from the records")
     args = parser.parse_args(argv)
     data = load_records(args.records)
-    if not args.render:
+    if args.render:  # the run folders, where still there, are read again (a newer reading of them)
+        for record in data["releases"].values():
+            if record.get("run_dir") and Path(record["run_dir"], "results.json").is_file():
+                record.update(read_results(Path(record["run_dir"])))
+    else:
         available = released_versions(args.python)
         lines, missing = claimed_lines(available)
         data.update(lines=lines, missing_lines=missing, command=" ".join(["python -m kvparity run", *RUN_ARGS,

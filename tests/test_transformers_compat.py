@@ -99,3 +99,42 @@ def test_the_landmarks_load_under_an_old_tokenizers(monkeypatch):
     monkeypatch.setattr(tokenizers, "Tokenizer", FakeOldTokenizer)
     got = landmarks.shipped_landmarks.__wrapped__()
     assert got.same_text == expected.same_text and got.same_text
+
+
+# -- benchmarks/transformers_sweep.py: which releases it runs and how it reports them -------------------
+
+def _sweep():
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "transformers_sweep.py"
+    spec = importlib.util.spec_from_file_location("transformers_sweep", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sweep_takes_each_claimed_lines_latest_patch_and_names_the_gaps():
+    sweep = _sweep()
+    index = ["4.37.2", "4.38.0", "4.38.2", "4.38.10", "4.39.1", "4.41.0", "5.0.0", "5.2.1", "5.2.0",
+             "5.9.0", "5.10.4", "5.24.0", "5.25.0"]
+    lines, missing = sweep.claimed_lines(index)
+    assert lines == ["4.38.10", "4.39.1", "4.41.0", "5.0.0", "5.2.1", "5.9.0", "5.10.4", "5.24.0"]
+    assert missing[:2] == ["4.40", "5.1"] and "5.3" in missing and "5.23" in missing
+    assert "4.42" not in missing and "5.25" not in missing  # past 4.x's last line; past the claim
+
+
+def test_the_table_tells_a_waived_known_finding_from_a_clean_pass():
+    sweep = _sweep()
+    met = {"signature": "9750049f26b9", "check": "accounting", "known": True, "headline": "h",
+           "config": "k=5 mode=adversarial", "explanation": "Request alone: 0 of 1 tokens"}
+    data = {"lines": ["4.38.2", "4.39.3", "5.0.0"], "missing_lines": [], "command": "python -m kvparity run",
+            "releases": {
+                "4.38.2": {"version": "4.38.2", "verdict": "pass", "exit_code": 0, "findings": [met]},
+                "4.39.3": {"version": "4.39.3", "verdict": "fail", "exit_code": 1, "findings": [],
+                           "cause": "differs | at 5"},
+            }}
+    page = sweep.render(data)
+    assert "pass, known met 1, fail 1 of 2 releases run" in page and "not run yet: 5.0.0" in page
+    row = next(line for line in page.splitlines() if line.startswith("| 4.38.2"))
+    assert "9750049f26b9 (k=5 mode=adversarial: Request alone: 0 of 1 tokens)" in row
+    assert "differs / at 5" in page  # a cell's pipe would split the row
