@@ -15,6 +15,7 @@ import pytest
 import tokenizers
 
 from adapters import landmarks
+from adapters import transformers_versions as tv
 from reference_engine import checkpoints
 
 REAL_TOKENIZER = tokenizers.Tokenizer  # the FAKE below parses with it, even while it stands in for it
@@ -138,3 +139,49 @@ def test_the_table_tells_a_waived_known_finding_from_a_clean_pass():
     row = next(line for line in page.splitlines() if line.startswith("| 4.38.2"))
     assert "9750049f26b9 (k=5 mode=adversarial: Request alone: 0 of 1 tokens)" in row
     assert "differs / at 5" in page  # a cell's pipe would split the row
+
+
+# -- transformers 5.4 to 5.8: a persistent manager's later generate_batch calls come back empty ---------
+
+class FakeManagerReturningNothing:  # a FAKE of 5.4-5.8's ContinuousBatchingManager: ids made, not returned
+    def add_requests(self, inputs, max_new_tokens=None, record_timestamps=False) -> None:
+        raise AssertionError("a probe never calls it")
+
+
+class FakeManagerUnannotated:  # a FAKE with no return annotation: read as the later releases' shape
+    def add_requests(self, inputs, max_new_tokens=None, record_timestamps=False):
+        raise AssertionError("a probe never calls it")
+
+
+def _batch_probe(manager: Any) -> Any:
+    from test_transformers_versions import (FakeBatchingMixin, FakeNewConfig, FakeNewGenerationConfig,
+                                            fake_importer, fake_transformers)
+
+    return tv.probe(fake_transformers(FakeNewConfig, FakeNewGenerationConfig, FakeBatchingMixin),
+                    fake_importer(manager=manager))
+
+
+def test_no_batch_mode_where_generate_batch_loses_a_persistent_managers_later_results():
+    """5.5.4 measured: the second generate_batch call of a persistent manager logged `Request req_0 not
+    found in results` and returned {} (the manager had named it req_1), so every run ended in an engine
+    error at the second batch call. Such a release runs every other mode."""
+    f = _batch_probe(FakeManagerReturningNothing)
+    assert not f.continuous_batching and f.page_field == ""
+    assert f.modes == ("generate", "assisted", "adversarial", "prompt_lookup")
+
+
+def test_batch_mode_where_add_requests_returns_the_ids():
+    from test_transformers_versions import FakeContinuousBatchingManager
+
+    for manager in (FakeContinuousBatchingManager, FakeManagerUnannotated):
+        f = _batch_probe(manager)
+        assert f.continuous_batching and "batch" in f.modes, manager.__name__
+
+
+def test_a_string_annotation_of_none_counts_as_none():
+    """A module with `from __future__ import annotations` and no evaluation keeps the annotation as text."""
+    class FakeManagerStringAnnotation:
+        def add_requests(self, inputs):
+            pass
+    FakeManagerStringAnnotation.add_requests.__annotations__ = {"return": "None"}
+    assert not _batch_probe(FakeManagerStringAnnotation).continuous_batching
