@@ -21,7 +21,7 @@ The differences the adapter meets, oldest first:
     `search_prefix_match` (how the adapter observes prefix hits); a release without all of them gets no
     `batch` mode.
   - the page size of `ContinuousBatchingConfig` is the keyword `block_size` in the releases that first
-    have block sharing (5.4 to 5.18) and `page_size` later: passing the other name is a TypeError, so the
+    have block sharing (5.4 to 5.17) and `page_size` from 5.18: passing the other name is a TypeError, so the
     adapter passes the field the class's signature names (`page_field`).
   - a persistent manager numbers its requests across calls (`req_0`, `req_1`, ...). Until
     `ContinuousBatchingManager.add_requests` returned the ids it gave (5.9), `generate_batch` looked its
@@ -77,8 +77,8 @@ def probe(tf: Any, import_module: Callable[[str], Any] = importlib.import_module
     )
 
 
-# The names ContinuousBatchingConfig has given its page size, newest first (5.19+: page_size; 5.5-5.18:
-# block_size). The adapter passes the one the signature has; a release with neither gets no batch mode.
+# The names ContinuousBatchingConfig has given its page size, newest first (5.18+: page_size; 5.4-5.17:
+# block_size; reports/transformers/compat.md). The adapter passes the one the signature has; a release with neither gets no batch mode.
 PAGE_FIELDS = ("page_size", "block_size")
 
 
