@@ -51,7 +51,7 @@ def load_tokenizer(file: pathlib.Path, tokenizer_cls: Any) -> Any:
     BPE merges in the older spelling.
 
     The shipped tokenizer.json writes each merge as a pair (`["a", "b"]`); a `tokenizers` older than that
-    spelling (0.19 and before: what transformers 4.38 to 4.40 pin) rejects the whole file. Those releases
+    spelling (0.19 and before: what transformers 4.38 to 4.44 pin) rejects the whole file. Those releases
     still read the legacy `"a b"` strings, which say the same for a byte-level BPE (its pieces hold no
     spaces). Found by trying, not by the version number: a release that reads the file is never rewritten."""
     try:

@@ -78,7 +78,8 @@ def probe(tf: Any, import_module: Callable[[str], Any] = importlib.import_module
 
 
 # The names ContinuousBatchingConfig has given its page size, newest first (5.18+: page_size; 5.4-5.17:
-# block_size; reports/transformers/compat.md). The adapter passes the one the signature has; a release with neither gets no batch mode.
+# block_size; reports/transformers/compat.md). The adapter passes the one the signature has; a release
+# with neither gets no batch mode.
 PAGE_FIELDS = ("page_size", "block_size")
 
 

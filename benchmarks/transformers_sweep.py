@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", type=Path, default=TABLE)
     parser.add_argument("--render", action="store_true", help="only re-render the table from the records")
     parser.add_argument("--note", action="append", default=[], metavar="RELEASE=TEXT",
-                        help="a note under the table about RELEASE (a range's first release keys it); empty TEXT drops it")
+                        help="a note under the table about RELEASE (a range's first release keys it); "
+                             "empty TEXT drops it")
     args = parser.parse_args(argv)
     data = load_records(args.records)
     for note in args.note:
@@ -309,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         available = released_versions(args.python)
         lines, missing = claimed_lines(available)
-        data.update(lines=lines, missing_lines=missing, setup=setup(), command=" ".join(["python -m kvparity run", *RUN_ARGS,
-                                                                           "--max-examples", str(args.max_examples)]))
+        command = " ".join(["python -m kvparity run", *RUN_ARGS, "--max-examples", str(args.max_examples)])
+        data.update(lines=lines, missing_lines=missing, setup=setup(), command=command)
         args.workdir.mkdir(parents=True, exist_ok=True)
         for version in args.versions or lines:
             if version not in available:

@@ -2,7 +2,7 @@
 minor line; reports/transformers/compat.md). What a release changes is found by probing what it imported,
 so each fix here is tested on a FAKE of the library that behaves like the release in question.
 
-transformers 4.38 to 4.40 pin a `tokenizers` (0.15 to 0.19) that rejects the shipped tokenizer.json,
+transformers 4.38 to 4.44 pin a `tokenizers` (0.15 to 0.19) that rejects the shipped tokenizer.json,
 whose BPE merges are spelled as pairs: the adapter's landmarks (same-text pairs) must still load."""
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def test_another_parse_failure_is_raised_not_hidden(tmp_path):
 
 
 def test_the_landmarks_load_under_an_old_tokenizers(monkeypatch):
-    """What failed on 4.40.2: the adapter's landmarks (its construction) under the old library."""
+    """What failed on 4.38.2 to 4.44.2 (seen on 4.40.2): the adapter's landmarks, built when it is
+    constructed, under the old library."""
     expected = landmarks.shipped_landmarks.__wrapped__()
     monkeypatch.setattr(tokenizers, "Tokenizer", FakeOldTokenizer)
     got = landmarks.shipped_landmarks.__wrapped__()
