@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import pathlib
+from typing import Any
 
 from conformance.contract import EosPath, Landmarks, NearTie
 
@@ -45,6 +46,26 @@ def text_is_printable(text: str) -> bool:
     return text.isprintable() and not text.isspace()
 
 
+def load_tokenizer(file: pathlib.Path, tokenizer_cls: Any) -> Any:
+    """`tokenizer_cls.from_file(file)`, or, where this `tokenizers` cannot parse it, the same file with its
+    BPE merges in the older spelling.
+
+    The shipped tokenizer.json writes each merge as a pair (`["a", "b"]`); a `tokenizers` older than that
+    spelling (0.19 and before: what transformers 4.38 to 4.44 pin) rejects the whole file. Those releases
+    still read the legacy `"a b"` strings, which say the same for a byte-level BPE (its pieces hold no
+    spaces). Found by trying, not by the version number: a release that reads the file is never rewritten."""
+    try:
+        return tokenizer_cls.from_file(str(file))
+    except Exception as first:  # noqa: BLE001 - the Rust parser raises a bare Exception
+        data = json.loads(file.read_text())
+        merges = (data.get("model") or {}).get("merges")
+        legacy = [" ".join(m) if isinstance(m, list) else m for m in merges or ()]
+        if legacy == merges or any(" " in piece for m in merges or () if isinstance(m, list) for piece in m):
+            raise first  # not the merges' spelling, or one the legacy form cannot say
+        data["model"]["merges"] = legacy
+        return tokenizer_cls.from_str(json.dumps(data))
+
+
 @functools.cache
 def shipped_landmarks() -> Landmarks:
     """The shipped family's landmarks (the file, the revision-a tokenizer); empty where absent."""
@@ -58,6 +79,6 @@ def shipped_landmarks() -> Landmarks:
     eos = [EosPath(rev, p, c) for rev, paths in sorted((data.get("eos_paths") or {}).items()) for p, c in paths]
     ties = [NearTie(rev, p) for rev, prompts in sorted((data.get("near_ties") or {}).items()) for p in prompts]
     tok_file = pathlib.Path(checkpoints.revision_dir("a")) / "tokenizer.json"
-    tokenizer = Tokenizer.from_file(str(tok_file))
+    tokenizer = load_tokenizer(tok_file, Tokenizer)
     pairs = same_text_pairs(tokenizer, tokenizer.get_vocab_size())
     return Landmarks(tuple(eos), tuple(ties), pairs)

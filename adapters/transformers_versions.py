@@ -21,8 +21,13 @@ The differences the adapter meets, oldest first:
     `search_prefix_match` (how the adapter observes prefix hits); a release without all of them gets no
     `batch` mode.
   - the page size of `ContinuousBatchingConfig` is the keyword `block_size` in the releases that first
-    have block sharing (5.5 to 5.18) and `page_size` later: passing the other name is a TypeError, so the
+    have block sharing (5.4 to 5.17) and `page_size` from 5.18: passing the other name is a TypeError, so the
     adapter passes the field the class's signature names (`page_field`).
+  - a persistent manager numbers its requests across calls (`req_0`, `req_1`, ...). Until
+    `ContinuousBatchingManager.add_requests` returned the ids it gave (5.9), `generate_batch` looked its
+    results up as `req_0 .. req_{n-1}` and so returned nothing from the second call on (5.4 to 5.8: the
+    first `batch` call works, every later one comes back empty). A manager whose `add_requests` is declared
+    to return None gets no `batch` mode: it cannot answer a stream (reports/transformers/compat.md).
 """
 
 from __future__ import annotations
@@ -72,8 +77,9 @@ def probe(tf: Any, import_module: Callable[[str], Any] = importlib.import_module
     )
 
 
-# The names ContinuousBatchingConfig has given its page size, newest first (5.19+: page_size; 5.5-5.18:
-# block_size). The adapter passes the one the signature has; a release with neither gets no batch mode.
+# The names ContinuousBatchingConfig has given its page size, newest first (5.18+: page_size; 5.4-5.17:
+# block_size; reports/transformers/compat.md). The adapter passes the one the signature has; a release
+# with neither gets no batch mode.
 PAGE_FIELDS = ("page_size", "block_size")
 
 
@@ -88,13 +94,26 @@ def _continuous_batching_page_field(tf: Any, import_module: Callable[[str], Any]
     try:
         config_cls = import_module("transformers.generation.configuration_utils").ContinuousBatchingConfig
         cache_cls = import_module("transformers.generation.continuous_batching.cache").PagedAttentionCache
+        manager_cls = import_module("transformers.generation.continuous_batching").ContinuousBatchingManager
     except (ImportError, AttributeError):
         return ""
     fields = inspect.signature(config_cls).parameters
     page_field = next((f for f in PAGE_FIELDS if f in fields), "")
     if "allow_block_sharing" not in fields or not hasattr(cache_cls, "search_prefix_match"):
         return ""
-    return page_field
+    return page_field if _later_calls_return_results(manager_cls) else ""
+
+
+def _later_calls_return_results(manager_cls: Any) -> bool:
+    """Whether `generate_batch` finds a persistent manager's results after its first call: it does where
+    `add_requests` returns the ids it gave them; declared `-> None`, `generate_batch` assumes `req_0..`
+    and a reused manager's later calls come back empty. No annotation at all reads as returning them
+    (the later releases' shape; a wrong guess is an engine error in the run, not a silent pass)."""
+    add_requests = getattr(manager_cls, "add_requests", None)
+    if add_requests is None:
+        return False
+    returns = inspect.signature(add_requests).return_annotation
+    return returns is not None and returns != "None"
 
 
 def batching_config_kwargs(features: Features, page_size: int) -> dict[str, int]:

@@ -65,10 +65,17 @@ def fake_transformers(config, generation, mixin=None, version="0.0-fake"):
                                  **({"GenerationMixin": mixin} if mixin else {}))
 
 
-def fake_importer(cache=FakePagedAttentionCache, config=FakeContinuousBatchingConfig):
+class FakeContinuousBatchingManager:  # 5.9+: add_requests returns the ids generate_batch looks up
+    def add_requests(self, inputs, max_new_tokens=None, record_timestamps=False) -> list[str]:
+        raise AssertionError("a probe never calls it")
+
+
+def fake_importer(cache=FakePagedAttentionCache, config=FakeContinuousBatchingConfig,
+                  manager=FakeContinuousBatchingManager):
     modules = {
         "transformers.generation.configuration_utils": types.SimpleNamespace(ContinuousBatchingConfig=config),
         "transformers.generation.continuous_batching.cache": types.SimpleNamespace(PagedAttentionCache=cache),
+        "transformers.generation.continuous_batching": types.SimpleNamespace(ContinuousBatchingManager=manager),
     }
 
     def import_module(name):
