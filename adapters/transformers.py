@@ -389,7 +389,7 @@ def count_prefix_hits(hits: dict[str, int]):
     """Observe prefix reuse: the paged cache says how many prompt tokens it matched in shared blocks.
 
     What the engine serves from them is at most the prompt less its last token: 5.19+ never matches the
-    whole prompt, while 5.5-5.18 return a match of every block (a prompt of whole blocks matches whole)
+    whole prompt, while earlier releases with batch mode return a match of every block (a prompt of whole blocks matches whole)
     and their scheduler then keeps the last token to prefill ("we keep at least 1 token to start
     decoding"). Counting the raw match there reported a hit covering the whole prompt (a false
     prefix_only failure on 5.14.0), so the count is capped the way both schedulers cap it."""

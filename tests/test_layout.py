@@ -60,11 +60,13 @@ def test_adapters_top_level_is_engines_and_their_shared_helpers():
             continue
         if path.suffix != ".py":
             stray.append(f"{path.name} (not a Python module)")
-        elif path.stem not in engines | SHARED_HELPERS | {f"{e}_{part}" for e in engines for part in ("versions", "args")}:
+        elif path.stem not in engines | SHARED_HELPERS | {f"{e}_{part}" for e in engines
+                                                           for part in ("versions", "args", "timeline")}:
             # <engine>_versions.py: the one place an adapter keeps what differs between engine releases;
-            # <engine>_args.py: its engine arguments as one typed, frozen class
-            stray.append(f"{path.name} (neither a registered engine adapter, its _versions or _args module nor a "
-                         f"listed shared helper)")
+            # <engine>_args.py: its engine arguments as one typed, frozen class;
+            # <engine>_timeline.py: how it drives a batch's arrivals and aborts step by step
+            stray.append(f"{path.name} (neither a registered engine adapter, its _versions, _args or _timeline "
+                         f"module nor a listed shared helper)")
     assert not stray, "adapters/ holds one module per engine plus shared helpers; move these: " + ", ".join(stray)
     for module in engines | SHARED_HELPERS:
         assert (ADAPTERS / f"{module}.py").is_file() or (ADAPTERS / module / "__init__.py").is_file(), module
