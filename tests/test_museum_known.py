@@ -64,12 +64,19 @@ class FakeConfig:
         return self.dtype
 
 
+class FakeContinuousBatchingManager:  # 5.9+: add_requests returns the ids generate_batch looks up
+    def add_requests(self, inputs, max_new_tokens=None, record_timestamps=False) -> list[str]:
+        raise AssertionError("a probe never calls it")
+
+
 def probe_with(config_cls):
     tf = types.SimpleNamespace(__version__="0.0-fake", PretrainedConfig=FakeConfig,
                                GenerationConfig=FakeGenerationConfig, GenerationMixin=FakeBatchingMixin)
     modules = {"transformers.generation.configuration_utils": types.SimpleNamespace(ContinuousBatchingConfig=config_cls),
                "transformers.generation.continuous_batching.cache":
-                   types.SimpleNamespace(PagedAttentionCache=FakePagedAttentionCache)}
+                   types.SimpleNamespace(PagedAttentionCache=FakePagedAttentionCache),
+               "transformers.generation.continuous_batching":
+                   types.SimpleNamespace(ContinuousBatchingManager=FakeContinuousBatchingManager)}
     return tv.probe(tf, modules.__getitem__)
 
 
