@@ -10,8 +10,8 @@ during a multi-step prefill, or with its last block full of tokens whose KV is n
 continuation) sent again, under the same identity; under another, nothing may be served at all.
 
 So the batch is drawn around one leader prompt (from the pool half the time: a prefix the cache already
-holds, so members share cached blocks too): the leader first, sharers of its prefix arriving at drawn
-steps, each with an abort point drawn from its whole domain, 0 .. max_tokens, weighted at the
+holds, so members share cached blocks too): the leader first, sharers of its prefix arriving at steps drawn from the leader's life (0 .. its
+max_tokens + 1), each with an abort point drawn from its whole domain, 0 .. max_tokens, weighted at the
 boundaries (twice as often as the rest) — 0 (during prefill), max_tokens - 1 (one token short), and the point where prompt + output
 fills a block exactly (the last block full of tokens, its last slot not yet written). Half the time a
 scheduling knob is switched first (chunk size, token budget: whatever the engine declares with role
@@ -27,9 +27,6 @@ from conformance.contract import Request
 from conformance.domains import max_tokens, stop_ids, token_lists
 from conformance.scenario import Continuation, renamed
 from conformance.stream import Stream
-
-MAX_ARRIVAL = 4  # engine steps: a prefill of a few chunks, a few decode steps
-
 
 def applies(s: Stream) -> bool:
     return bool(s.caps.timeline) and s.max_batch > 1
@@ -59,9 +56,19 @@ def abort_points(s: Stream, prompt_len: int, budget: int) -> st.SearchStrategy[i
     return st.one_of(st.sampled_from(edges), st.integers(0, budget), st.sampled_from(edges), st.none())
 
 
-def _timed(s: Stream, r: Request) -> Request:
+def arrival_points(leader: Request) -> st.SearchStrategy[int | None]:
+    """An arrival step from the leader's life, derived from it rather than fixed: 0 .. max_tokens + 1
+    (it prefills and then commits at least a token a step, so by max_tokens + 1 it has ended), the
+    boundaries first — with it, one step in (its prefill just done), its last step, just after it —
+    and None (before the first step) now and then."""
+    end = leader.max_tokens
+    edges = sorted({0, 1, end, end + 1})
+    return st.one_of(st.sampled_from(edges), st.integers(0, end + 1), st.none())
+
+
+def _timed(s: Stream, r: Request, leader: Request) -> Request:
     caps = s.caps
-    arrive = s.draw(st.one_of(st.integers(0, MAX_ARRIVAL), st.none())) if "arrival" in caps.timeline else None
+    arrive = s.draw(arrival_points(leader)) if "arrival" in caps.timeline else None
     abort = s.draw(abort_points(s, len(r.prompt), r.max_tokens)) if "abort" in caps.timeline else None
     return evolve(r, arrive_at_step=arrive, abort_after=abort)
 
@@ -90,7 +97,7 @@ def midflight(s: Stream) -> tuple:
     _reschedule(s)
     leader = _leader(s)
     members = [leader] + [_sharer(s, leader) for _ in range(s.draw(st.integers(1, s.max_batch - 1)))]
-    timed = [_timed(s, r) for r in members]
+    timed = [_timed(s, r, leader) for r in members]
     timed[0] = evolve(timed[0], arrive_at_step=None)  # something runs from the first step
     s.add_batch(tuple(timed))
     aborted = [r for r in timed if r.abort_after is not None] or timed[:1]
