@@ -266,14 +266,14 @@ def _blocks(prompt: tuple, bs: int) -> list[tuple]:
 
 
 @situation(title="a block's tokens looked up again after another prefix (a repeated or shifted block)",
-           claim="prefix caching (not required: reached by chance, through the repeating token seed and the "
-                 "shift step)", relevant=lambda caps: False)
+           claim="prefix caching (not required: reached through the splice step and the repeating token "
+                 "seed)", relevant=lambda caps: False)
 def block_after_other_prefix(h: History) -> int:
     """Requests one of whose blocks has the tokens of a block an earlier batch of the cache epoch sent (same
     identity) after a different prefix, where every block before it was sent at its place: a lookup
     reaches that block, and only a key chained to its parent tells the two apart. Shown, not required:
-    no steering tail sends it, and the dev profile's 12 examples miss it in some seeds (3 of 5), where
-    requiring it would turn a clean run inconclusive."""
+    the splice step sends it by chance, and the dev profile's 12 examples still miss it in some seeds
+    (seed 1 of 0-4), where requiring it would turn a clean run inconclusive."""
     n = 0
     for batches in cache_epochs(h):
         prompts: dict = {}  # identity -> the prompts the epoch's earlier batches sent

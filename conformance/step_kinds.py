@@ -1,4 +1,4 @@
-"""The kinds of step a stream is drawn from: fresh batches, resends, conversations, poisoning, shifts,
+"""The kinds of step a stream is drawn from: fresh batches, resends, conversations, poisoning, splices,
 floods, flushes, and the steps that go where the engine's landmarks say a rare situation is."""
 
 from __future__ import annotations
@@ -57,22 +57,27 @@ def _poison(s: Stream) -> tuple:
     return (Request(s.next_id(), (victim.prompt + suffix)[:s.top], victim.max_tokens, victim.stop_ids, other),)
 
 
-def _shiftable(s: Stream) -> list[Request]:
-    return [p for p in s.requests_in_pool() if len(p.prompt) >= 2 * s.bs]
+def _spliceable(s: Stream) -> list[Request]:
+    return [p for p in s.requests_in_pool() if len(p.prompt) > s.bs]
 
 
-def _shift(s: Stream) -> tuple:
-    # An earlier prompt with its leading block(s) cut off: its later blocks now start the prompt, at other
-    # positions after another prefix. A block key that is not chained to its parent (position- and
-    # prefix-blind) serves the old KV. Cut at the configured block size, keep a full block of the
-    # victim, and add enough tokens that it can be a hit (> one block).
+def _splice(s: Stream) -> tuple:
+    # Whole blocks of earlier prompts recombined: one to three pieces, each a run of blocks cut at the
+    # block size in effect from a prompt of one identity, joined, then new tokens (so the last piece can
+    # be served). Every block was sent before, most of them now after another prefix or at another position:
+    # a shifted tail, a block repeated, two prompts' heads joined. Only a key chained to its parent tells
+    # them apart, and only KV computed at its own positions serves them. Shrinks to a resend plus a token.
     bs = s.bs
-    victim = s.draw(st.sampled_from(_shiftable(s)))
-    cut = bs * s.draw(st.integers(1, len(victim.prompt) // bs - 1))
-    rest = victim.prompt[cut:]
-    suffix = s.draw(st.integers(max(1, bs + 1 - len(rest)), max(1, bs + 1 - len(rest), bs))
-                    .flatmap(lambda n: token_lists(s.caps, n)))
-    return (Request(s.next_id(), (rest + suffix)[:s.top], victim.max_tokens, victim.stop_ids, victim.identity),)
+    first = s.draw(st.sampled_from(_spliceable(s)))
+    same = [p for p in _spliceable(s) if p.identity == first.identity]
+    prompt: tuple = ()
+    for i in range(s.draw(st.integers(1, 3))):
+        p = first if i == 0 else s.draw(st.sampled_from(same))
+        blocks = len(p.prompt) // bs
+        start = s.draw(st.integers(0, blocks - 1))
+        prompt += p.prompt[start * bs:(start + s.draw(st.integers(1, blocks - start))) * bs]
+    suffix = s.draw(st.integers(1, bs).flatmap(lambda n: token_lists(s.caps, n)))
+    return (Request(s.next_id(), (prompt + suffix)[:s.top], first.max_tokens, first.stop_ids, first.identity),)
 
 
 def _flood(s: Stream) -> tuple:
@@ -267,7 +272,7 @@ STEP_KINDS: dict[str, StepKind] = {k.name: k for k in (
     StepKind("continue", _continue, lambda s: bool(s.pool)),
     StepKind("restop", _restop, lambda s: bool(s.pool)),
     StepKind("poison", _poison, lambda s: bool(s.requests_in_pool()) and len(s.identities) > 1),
-    StepKind("shift", _shift, lambda s: bool(_shiftable(s))),
+    StepKind("splice", _splice, lambda s: bool(_spliceable(s))),
     StepKind("flood", _flood, can_flood),
     StepKind("flush_resend", _flush_resend, lambda s: bool(s.pool)),
     StepKind("configure", _configure, lambda s: bool(s.caps.config_space)),
@@ -286,7 +291,7 @@ STEP_KINDS: dict[str, StepKind] = {k.name: k for k in (
 # Weighted by repetition: reuse (resend / continue / poison) is where the bugs are. "batch" comes first
 # because Hypothesis shrinks towards the first element; a kind that does not apply yet draws a batch.
 KINDS = ("batch", "resend", "continue", "poison", "resend", "configure", "batch", "resend", "continue", "reset",
-         "shift", "poison", "flood", "flush_resend", "shift", "flood", "restop", "midflight", "midflight",
+         "splice", "poison", "flood", "flush_resend", "splice", "flood", "restop", "midflight", "midflight",
          "midflight")
 
 

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from adapters.landmarks import shipped_landmarks
 from adapters.openai_http import OpenAIHttpAdapter, prometheus_totals
 from conformance import validation
 from conformance.contract import EngineError, Identity, Request, UsageError
@@ -110,6 +111,8 @@ def test_token_mode_wire_format_and_results(fake):
     assert r.top2 == ((7, -0.1, 9, -2.0), (8, -0.5, 3, -0.7))
     assert caps.logprobs_k == 2 and r.logprobs == (((7, -0.1), (9, -2.0)), ((8, -0.5), (3, -0.7)))
     assert caps.timeline == frozenset()  # a server attached by base_url: no abort point is claimed
+    # the checkpoint its oracle decodes (the shipped one) brings its landmarks: eos, near-tie, same text
+    assert caps.landmarks == shipped_landmarks() and caps.landmarks.eos_paths and caps.landmarks.same_text
     validation.result(Request("q", (5, 6, 7), 2), r, caps)  # what the runner checks at the boundary
 
 

@@ -79,6 +79,7 @@ HTTP errors and malformed JSON raise EngineError with a one-line cause (an `erro
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
@@ -92,7 +93,7 @@ from adapters.openai_http.server import ServerProcess, kvparity_command, llama_c
 from adapters.openai_http.text import TOKEN_ID, TextChannel
 from adapters.openai_http.transport import Http, free_port, prometheus_totals
 from adapters.reference_oracle import ReferenceOracle
-from conformance.contract import Baseline, Capabilities, EngineError, Request, Result, UsageError
+from conformance.contract import Baseline, Capabilities, EngineError, Landmarks, Request, Result, UsageError
 
 DEFAULT_TOLERANCE = 1e-3
 VOCAB, MAX_CONTEXT, EOS = 1024, 1024, 2
@@ -253,8 +254,16 @@ class OpenAIHttpAdapter:
             logprobs_k=2 if self.want_logprobs else 0,
             identities=frozenset(identities), revisions=(self.revision,), adapters=tuple(self.adapters),
             introspection=False, baseline_mode=False, tolerance=self.tolerance, knobs=(),
-            min_hit_prompt=self.block_size + 1,
+            min_hit_prompt=self.block_size + 1, landmarks=self._landmarks,
             timeline=frozenset({"abort"}) if self._streams_aborts() else frozenset())
+
+    @functools.cached_property
+    def _landmarks(self) -> Landmarks:
+        """Those of the checkpoint the oracle decodes (the shipped tables, or the bounded search on
+        model=PATH): the served model is that checkpoint, which the oracle already assumes."""
+        from adapters import landmark_search  # torch, like the oracle: only once capabilities are asked
+
+        return landmark_search.checkpoint_landmarks(self.checkpoint, self.info, self._oracle)
 
     def configure(self, config: Mapping[str, Any]) -> None:
         if config and self.serve == "kvparity":  # a witness's configuration: restart the server with it
