@@ -229,7 +229,8 @@ class VllmAdapter:
         self.max_loras = args.max_loras
         self._engines: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self._oracle = ReferenceOracle(self.info.eos_id, model_dir or None)
-        self.landmarks = landmark_search.checkpoint_landmarks(model_dir, self.info, self._oracle)
+        self.landmarks = landmark_search.checkpoint_landmarks(model_dir, self.info, self._oracle,
+                                                              min_hit_prompt=self.block_size + 1)
         self.config = dict(self.defaults)
         # Start the default engine now (in the caller's thread), so a broken install fails at load time.
         self._engine(self.revisions[0])

@@ -111,8 +111,14 @@ def test_token_mode_wire_format_and_results(fake):
     assert r.top2 == ((7, -0.1, 9, -2.0), (8, -0.5, 3, -0.7))
     assert caps.logprobs_k == 2 and r.logprobs == (((7, -0.1), (9, -2.0)), ((8, -0.5), (3, -0.7)))
     assert caps.timeline == frozenset()  # a server attached by base_url: no abort point is claimed
-    # the checkpoint its oracle decodes (the shipped one) brings its landmarks: eos, near-tie, same text
-    assert caps.landmarks == shipped_landmarks() and caps.landmarks.eos_paths and caps.landmarks.same_text
+    # the checkpoint its oracle decodes (the shipped one) brings its landmarks: eos, near-tie, same text,
+    # and eos paths lengthened to hit its 32-token blocks (the shipped ones have 24-29 prompt tokens)
+    shipped = shipped_landmarks()
+    assert caps.landmarks.same_text == shipped.same_text and caps.landmarks.near_ties == shipped.near_ties
+    longer = [p for p in caps.landmarks.eos_paths if p not in shipped.eos_paths]
+    assert longer and all(len(p.prompt) == 33 and p.prompt[-24:] in {q.prompt[-24:] for q in shipped.eos_paths}
+                          for p in longer)
+    assert caps.landmarks.eos_paths[:len(longer)] == tuple(longer)
     validation.result(Request("q", (5, 6, 7), 2), r, caps)  # what the runner checks at the boundary
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import random
 
 import pytest
 import torch
@@ -140,3 +141,30 @@ def test_accept_unsteered_turns_only_the_unsteered_gaps_into_notes():
 def test_every_landmark_steered_situation_names_a_landmarks_field():
     for s in SITUATIONS.values():
         assert s.landmark is None or hasattr(Landmarks(), s.landmark)
+
+
+def test_eos_paths_are_lengthened_where_none_is_long_enough_to_hit_the_cache():
+    # vLLM's blocks are 32 tokens; the shipped eos paths have 24-29 prompt tokens, so an eos path sent twice
+    # never met a warm cache there (0 `eos_on_warm_cache` in every committed vLLM run).
+    from adapters import checkpoint_info
+    from adapters.landmarks import shipped_landmarks
+    from adapters.reference_oracle import ReferenceOracle
+
+    info = checkpoint_info.shipped()
+    oracle = ReferenceOracle(info.eos_id, None)
+    shipped = shipped_landmarks()
+    assert ls.checkpoint_landmarks("", info, oracle, min_hit_prompt=17) == shipped  # block 16: they hit
+    marks = ls.checkpoint_landmarks("", info, oracle, min_hit_prompt=33)
+    longer = marks.eos_paths[:len(marks.eos_paths) - len(shipped.eos_paths)]
+    assert longer and marks.eos_paths[len(longer):] == shipped.eos_paths
+    logits = ls.reference_logits(oracle._model("a", None))
+    with torch.no_grad():  # each one checked again by plain greedy decoding, ending as its short original
+        assert all(len(p.prompt) == 33 and ls.is_eos_path(logits, p.prompt, p.continuation, info.eos_id)
+                   and any(p.prompt[-len(q.prompt):] == q.prompt for q in shipped.eos_paths) for p in longer)
+
+    def never_eos(batch):  # a FAKE model that always predicts token 5: no lengthened copy survives
+        out = torch.zeros(*batch.shape, info.vocab_size)
+        out[..., 5] = 1.0
+        return out
+
+    assert ls.lengthened(never_eos, shipped.eos_paths, 33, list(range(3, 60)), info.eos_id, random.Random(0)) == []

@@ -260,10 +260,12 @@ class OpenAIHttpAdapter:
     @functools.cached_property
     def _landmarks(self) -> Landmarks:
         """Those of the checkpoint the oracle decodes (the shipped tables, or the bounded search on
-        model=PATH): the served model is that checkpoint, which the oracle already assumes."""
+        model=PATH), long enough to hit a cache of this block size: the served model is that checkpoint,
+        which the oracle already assumes."""
         from adapters import landmark_search  # torch, like the oracle: only once capabilities are asked
 
-        return landmark_search.checkpoint_landmarks(self.checkpoint, self.info, self._oracle)
+        return landmark_search.checkpoint_landmarks(self.checkpoint, self.info, self._oracle,
+                                                    min_hit_prompt=self.block_size + 1)
 
     def configure(self, config: Mapping[str, Any]) -> None:
         if config and self.serve == "kvparity":  # a witness's configuration: restart the server with it
