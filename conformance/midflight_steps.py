@@ -105,7 +105,7 @@ def midflight(s: Stream) -> tuple:
     again: list = [Continuation(s.next_id(), victim.id, s.draw(token_lists(s.caps, s.draw(st.integers(1, s.bs)))),
                                 s.draw(max_tokens(s.caps)), (), victim.identity, s.top)]
     others = [i for i in s.identities if i != leader.identity]
-    if others and s.draw(st.booleans()):
+    if others:  # always: a coin here left the cross-identity resend to how Hypothesis read one boolean
         again.append(evolve(renamed(aborted[0], s.next_id(), s.top), identity=s.draw(st.sampled_from(others))))
     again += [renamed(r, s.next_id(), s.top) for r in aborted]
     return tuple(again[:s.max_batch])
