@@ -35,6 +35,7 @@ def run_machine(o: dict[str, Any]) -> int:
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
+    from conformance import seeded
     from conformance.engine_lifecycle import build_engine, close_engine
     from conformance.contract import EngineError, UsageError
     from conformance.run_config import profile_settings
@@ -52,8 +53,9 @@ def run_machine(o: dict[str, Any]) -> int:
         machine = session_machine(engine, o["checks"], timeout_s=timeout_s)
         calls = machine.calls  # type: ignore[attr-defined]
         examples = machine_examples(o["max_examples"] or base.max_examples)
-        run_state_machine_as_test(machine, settings=settings(base, max_examples=examples, stateful_step_count=8,
-                                                             database=None))
+        with seeded.seed_only():
+            run_state_machine_as_test(machine, settings=settings(base, max_examples=examples, stateful_step_count=8,
+                                                                 database=None))
         code = ExitCode.PASS
     except (EngineBroken, EngineError) as exc:
         print(f"engine error: {exc}", flush=True)

@@ -23,7 +23,7 @@ from hypothesis import seed as hypothesis_seed
 
 from conformance import alone
 from conformance import known as known_mod
-from conformance import example_database, step_counts, stopping, validation
+from conformance import example_database, seeded, step_counts, stopping, validation
 from conformance.analysis import analyse, example_verdicts, failures_of
 from conformance.calls import EngineCalls, one_line
 from conformance.checks import CHECKS
@@ -135,6 +135,12 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
     Known findings (conformance.known) do not stop the run nor fail it. Several bugs per run: each new
     signature stops Hypothesis and is shrunk on its own (conformance.hunt), then the run looks on, with
     the examples left."""
+    with seeded.seed_only():  # the seed alone picks the stream (conformance.seeded)
+        return _run_suite(engine, config, handlers, calls)
+
+
+def _run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler],
+               calls: EngineCalls | None) -> RunOutcome:
     names, profile, max_examples = list(config.checks), config.profile, config.max_examples
     base_settings = config.settings
     seed, shard_fields = stream_seed(config)
@@ -224,7 +230,10 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
                 broken = not _run_phase(test, writer)
                 examples -= tally.take_cut()  # counted by the test, never recorded: the next round numbers on
             runner.budget = None  # the shrink cap bounds the stream's shrinking, not what follows it
-            if not broken and not first_failing and not builder.history.errors:  # nothing new failed: completion
+            # Completion where nothing new failed, or where known findings were given: a new signature met
+            # in the stream may still resolve to a known one (its lone re-send, below), and a run whose
+            # findings are all known is judged on its coverage like a clean one.
+            if not broken and (not first_failing or config.known_findings is not None) and not builder.history.errors:
                 complete(builder.history, conformance_example.hypothesis.inner_test,
                          lambda test: _run_phase(test, writer), writer,
                          settings(base_settings, **overrides), seed)

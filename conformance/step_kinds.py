@@ -34,11 +34,13 @@ def _continue(s: Stream) -> tuple:
 def _restop(s: Stream) -> tuple:
     # Past position 0 and within max_tokens: a stop that fires where a draft run can carry it (a stop at
     # position 0 is the prefill's token, never a draft's; random stop ids fire there already).
-    # One or two stop positions of one parent, in one batch.
+    # One or two stop positions of one parent, in one batch, the domain's ends weighted: the first draft
+    # position and the last token max_tokens allows (where a stop and the length limit meet).
     parent = s.draw(st.sampled_from(s.pool))
     budget = s.draw(st.integers(2, MAX_NEW))
+    at = st.one_of(st.sampled_from(sorted({1, budget - 1})), st.integers(1, budget - 1))
     return tuple(Continuation(s.next_id(), parent.id, s.draw(token_lists(s.caps, 1)), budget,
-                              (), parent.identity, s.top, restop=s.draw(st.integers(1, budget - 1)))
+                              (), parent.identity, s.top, restop=s.draw(at))
                  for _ in range(s.draw(st.integers(1, 2))))
 
 
