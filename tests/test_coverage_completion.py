@@ -143,3 +143,23 @@ def test_knob_values_that_chunked_rank_first_for_a_missing_chunked_situation(tmp
     # With no evidence (no speculation situation ever occurred), values never run come before those run.
     history.examples = [ex for ex in history.examples if all(b.config.get("spec_k") == 0 for b in ex.batches)]
     assert ranked_values(history, ["eos_in_speculation"])["spec_k"] == (2, 0)
+
+
+def test_with_known_findings_completion_runs_after_a_new_failure(tmp_path):
+    # A short run of a faulted engine: without --known it fails and adds no completion (a FAIL needs no
+    # coverage). With a known-findings file, a failure met in the stream may still resolve to a known
+    # finding (its lone re-send), so completion goes after what the two examples missed all the same.
+    from adapters.reference import ReferenceAdapter
+
+    def run(known, name):
+        return run_suite(ReferenceAdapter(fault="cached_overreported"),
+                         RunConfig(engine_name="reference", profile="dev", seed=3, max_examples=2, shrink=False,
+                                   report_dir=tmp_path / name, database_dir=tmp_path / f"db-{name}",
+                                   known_findings=known, timeout_s=30))
+
+    plain = run(None, "plain")
+    assert plain.verdict == "fail" and not _events(plain, "completion")
+    other = {"signature": "0123456789ab", "check": "parity", "upstream": "", "note": "another bug"}
+    looked = run([other], "known")
+    [done] = _events(looked, "completion")
+    assert looked.verdict == "fail" and done["targets"] and done["reached"] and done["examples"] >= 1, done
