@@ -153,3 +153,19 @@ def test_bad_calibrate_arguments_are_one_line_exit_3(tmp_path, capsys):
     assert main(["--engine", "nosuch", "--out", str(tmp_path / "x.json")]) == 3
     assert main(["--engine", "transformers", "--out", str(tmp_path), "--quantile", "0.5"]) == 3
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_feature_far_past_plain_noise_is_flagged_and_left_out_of_epsilon():
+    # Measured on llama-cpp-python 0.3.36: its prompt cache (cache=ram|disk) gave the same tokens with
+    # logprobs 0.32 from plain decoding while every other feature stayed within 1e-5; folding that into
+    # epsilon (it was 0.388) would let a run pass any logprob bug below it.
+    from kvparity.commands.calibrate import flag_features, logprob_section
+
+    plain = [1e-6, 8e-5]
+    kept, flagged = flag_features(plain, {"k=1": [2e-6, 9e-6], "cache=ram": [1e-6, 0.323], "drafter=none": []})
+    assert flagged == {"cache=ram": 0.323} and sorted(kept) == [2e-6, 9e-6]
+    section = logprob_section({"oracle": plain, "batch": [3e-6], "config": kept}, 0.999, 0.95, flagged)
+    assert section["epsilon"] < 1e-4 and section["flagged"] == {"cache=ram": 0.323}
+    # not: a float64 engine whose features round differently by orders of magnitude, all harmless
+    kept, flagged = flag_features([1e-16], {"chunk_size=13": [1e-13, 4e-14]})
+    assert not flagged and len(kept) == 2

@@ -142,28 +142,45 @@ def logprob_deltas(a: Baseline, v: Baseline) -> list[float]:
 
 
 def config_logprob_deltas(engine: Any, caps: Capabilities, requests: Sequence[Request], alone: Sequence[Baseline],
-                          size: int) -> list[float]:
+                          size: int) -> dict[str, list[float]]:
     """Logprob deviations of the engine's own features from its plain mode: under every non-default
     value of every knob, the requests (those its context limit admits) in batches of `size`, each batch
     run twice (cold, then warm: the second run is served from whatever the first cached), against the
     same requests decoded alone under the defaults. A lossless feature changes only the rounding; these
-    are the shapes (chunks, verification windows, cache hits, small blocks) a run's results come from."""
-    out: list[float] = []
+    are the shapes (chunks, verification windows, cache hits, small blocks) a run's results come from.
+    By feature ("knob=value"), so that one far off the others can be told apart (`flag_features`)."""
+    out: dict[str, list[float]] = {}
     for knob in caps.knobs:
         for value in knob.values[1:]:
             engine.configure({knob.name: value})
+            deltas = out.setdefault(f"{knob.name}={value}", [])
             limit = caps.context_limit({knob.name: value})
             fits = [j for j, r in enumerate(requests) if len(r.prompt) + r.max_tokens <= limit]
             for start in range(0, len(fits), size):
                 chunk = fits[start:start + size]
                 for _ in range(2):
                     for j, r in zip(chunk, engine.run([requests[j] for j in chunk])):
-                        out.extend(logprob_deltas(alone[j], as_baseline(r)))
+                        deltas.extend(logprob_deltas(alone[j], as_baseline(r)))
     engine.configure({})
     return out
 
 
-def logprob_section(samples: dict[str, list[float]], quantile: float, confidence: float) -> dict[str, Any] | None:
+# A feature is lossless when it changes only the rounding: its deviations stay within a small multiple of
+# plain mode's own. One that goes past FLAG_FACTOR times that, and past FLAG_FLOOR in absolute terms (a
+# float64 engine's rounding differs by orders of magnitude between shapes, harmlessly), is not noise to
+# widen epsilon by: it is left out, named, and a run judges it against the others' epsilon.
+FLAG_FACTOR, FLAG_FLOOR = 100.0, 1e-3
+
+
+def flag_features(plain: Sequence[float], features: dict[str, list[float]]) -> tuple[list[float], dict[str, float]]:
+    """The config sample without the flagged features, and each flagged feature's largest deviation."""
+    bound = FLAG_FACTOR * max(plain, default=0.0)
+    flagged = {f: max(d) for f, d in features.items() if d and max(d) > max(bound, FLAG_FLOOR)}
+    return [x for f, d in features.items() if f not in flagged for x in d], flagged
+
+
+def logprob_section(samples: dict[str, list[float]], quantile: float, confidence: float,
+                    flagged: dict[str, float] | None = None) -> dict[str, Any] | None:
     """Epsilon of logprob_parity: the sum of each source's sample maximum (a run's result deviates from
     the oracle by at most oracle-vs-plain + plain-vs-batched + batched-vs-feature). The check fails on
     the largest deviation of a whole run (tens of thousands of comparisons), so each source contributes
@@ -175,7 +192,8 @@ def logprob_section(samples: dict[str, list[float]], quantile: float, confidence
     return {"epsilon": sum(src["max"] for src in sources.values()),
             "rule": "sample max(oracle) + sample max(batch) + sample max(config)",
             "sample": "|logprob(run) - logprob(reference)| per token of the run's top-k the reference's top-k "
-                      "holds, per shared decoding step", "sources": sources}
+                      "holds, per shared decoding step", "sources": sources,
+            "flagged": dict(flagged or {})}  # features left out of epsilon: far past plain mode's noise
 
 
 def compare_runs(a: Baseline, v: Baseline) -> tuple[list[float], dict[str, Any] | None]:
@@ -308,8 +326,10 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
                 against_oracle(j, out)
                 if flip:
                     flips.append({"source": f"batch of {size}, position {position}", "request": requests[j].id, **flip})
+    flagged: dict[str, float] = {}
     if caps.logprobs_k > 0:  # plain() decodes in plain mode's shapes only: the features' need run()
-        lp_samples["config"] = config_logprob_deltas(engine, caps, requests, alone, max(args.sizes))
+        features = config_logprob_deltas(engine, caps, requests, alone, max(args.sizes))
+        lp_samples["config"], flagged = flag_features(lp_samples["oracle"] + lp_samples["batch"], features)
     sources = {k: describe(v, args.quantile, args.confidence) for k, v in samples.items()}
     tau = sources["oracle"]["bound"]["value"] + sources["batch"]["bound"]["value"]
     widest = max((f["margin_expected_side"] for f in flips), default=0.0)
@@ -332,7 +352,7 @@ def calibrate(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
         "flips": flips,
         # `kvparity run --calibration` reads P(noise > margin) from it (numerics.flip_probability)
         "plain_noise": value_counts(round_up(x) for x in plain_noise),
-        "logprobs": logprob_section(lp_samples, args.quantile, args.confidence),
+        "logprobs": logprob_section(lp_samples, args.quantile, args.confidence, flagged),
         "seconds": round(time.monotonic() - started, 1),
     }
 
@@ -380,7 +400,10 @@ def logprob_words(section: dict[str, Any] | None) -> str:
     if section is None:
         return "logprobs not measured (the engine reports none)"
     parts = [f"{name} max {src['max']:.3g} (n {src['n']})" for name, src in section["sources"].items()]
-    return f"logprob epsilon {section['epsilon']:.3g} = " + " + ".join(parts)
+    flagged = "".join(f"; FLAGGED {f}: logprobs up to {m:.3g} from plain decoding, left out of epsilon (a lossless "
+                      f"feature changes only the rounding: a run will judge it)"
+                      for f, m in (section.get("flagged") or {}).items())
+    return f"logprob epsilon {section['epsilon']:.3g} = " + " + ".join(parts) + flagged
 
 
 def main(argv: Sequence[str] | None = None) -> int:
