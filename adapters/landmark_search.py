@@ -232,6 +232,12 @@ def _restore_threads(n: int):
         torch.set_num_threads(n)
 
 
+def search_pool(vocab_size: int, eos_id: int | None, exclude: Sequence[int] = ()) -> list[int]:
+    """The tokens a searched prompt is drawn from: the vocabulary but eos and the `exclude`d ids."""
+    skip = set(exclude) | ({eos_id} if eos_id is not None else set())
+    return [t for t in range(vocab_size) if t not in skip]
+
+
 def search(logits: Logits | None, tokenizer, vocab_size: int, eos_id: int | None, budget_s: float,
            revision: str = "a", seed: int = 0, exclude: Sequence[int] = ()) -> Landmarks:
     """Everything findable within `budget_s` seconds (same-text pairs are not timed: a pass over the
@@ -243,8 +249,7 @@ def search(logits: Logits | None, tokenizer, vocab_size: int, eos_id: int | None
     eos, ties = [], []
     if logits is not None and budget_s > 0:
         rng = random.Random(seed)
-        skip = set(exclude) | ({eos_id} if eos_id is not None else set())
-        pool = [t for t in range(vocab_size) if t not in skip]
+        pool = search_pool(vocab_size, eos_id, exclude)
         threads = torch.get_num_threads()
         # One thread: the searched batches are small matrices, where an intra-op pool's wake-ups cost
         # more than they save (20x slower on a busy 2-core machine for the tiny test models).
@@ -383,10 +388,10 @@ def checkpoint_landmarks(model_dir: str, info, oracle, budget_s: float | None = 
     budget = DEFAULT_BUDGET_S if budget_s is None else budget_s
     marks = discover(model_dir, info.vocab_size, info.eos_id, model, budget, exclude=skip) if model_dir \
         else shipped_landmarks()
-    short = [p for p in marks.eos_paths if p.revision == "a"]
-    if not short or any(len(p.prompt) >= min_hit_prompt for p in marks.eos_paths) or (logits := model()) is None:
+    own = [p for p in marks.eos_paths if p.revision == "a"]  # those of the model `model()` loads
+    if not own or any(len(p.prompt) >= min_hit_prompt for p in marks.eos_paths) or (logits := model()) is None:
         return marks
-    pool = [t for t in range(info.vocab_size) if t not in set(skip) | {info.eos_id}]
+    pool = search_pool(info.vocab_size, info.eos_id, skip)
     with torch.no_grad():
-        longer = lengthened(logits, short, min_hit_prompt, pool, info.eos_id, random.Random(0))
+        longer = lengthened(logits, own, min_hit_prompt, pool, info.eos_id, random.Random(0))
     return attrs.evolve(marks, eos_paths=tuple(longer) + marks.eos_paths)

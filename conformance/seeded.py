@@ -14,29 +14,29 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 _lock = threading.Lock()
-_depth = 0
-_saved: list = []
+_depth = 0  # runs inside the context now
+_original: Callable[[], Any] | None = None  # Hypothesis' own, while patched
 
 
 @contextlib.contextmanager
 def seed_only() -> Iterator[None]:
     """Within: no local constants in Hypothesis' draws. Re-entrant and thread-safe (runs may nest or run
     side by side in one process); the original is restored when the last one leaves."""
-    global _depth
+    global _depth, _original
     try:
         from hypothesis.internal.conjecture import providers
 
-        original, cache, empty = providers._get_local_constants, providers.CONSTANTS_CACHE, providers.Constants()
+        cache, empty = providers.CONSTANTS_CACHE, providers.Constants()
+        providers._get_local_constants  # noqa: B018 - present in the Hypothesis this patches
     except (ImportError, AttributeError):  # another Hypothesis: nothing known to switch off
         yield
         return
     with _lock:
         if _depth == 0:
-            _saved[:] = [original]
-            providers._get_local_constants = lambda: empty
+            _original, providers._get_local_constants = providers._get_local_constants, lambda: empty
             cache.cache.clear()  # permitted constants cached with the local pool of before
         _depth += 1
     try:
@@ -45,5 +45,5 @@ def seed_only() -> Iterator[None]:
         with _lock:
             _depth -= 1
             if _depth == 0:
-                providers._get_local_constants = _saved.pop()
+                providers._get_local_constants, _original = _original, None
                 cache.cache.clear()

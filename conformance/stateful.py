@@ -4,8 +4,8 @@ Where `strategies.scenarios` draws a whole stream up front, the state machine le
 live session, one step at a time: each rule is one of the step kinds of `strategies.STEP_KINDS` (a fresh
 batch, a resend, a conversation turn, a stop that surely fires, poisoning by another identity, earlier
 prompts' blocks spliced, a flood, a flush and resend, a reconfiguration, a reset), drawn by the same
-builder over the same `Stream` as `scenarios`, under the same precondition. After every rule the session's history so
-far is checked; a failure shrinks to a short program Hypothesis prints as replayable Python.
+builder over the same `Stream` as `scenarios`, under the same precondition. After every rule the session's
+history so far is checked; a failure shrinks to a short program Hypothesis prints as replayable Python.
 
 An engine error (a crash, a call past its timeout, a malformed answer) stops the machine at once as
 `EngineBroken`, which Hypothesis does not catch: shrinking against an engine that hung would call it

@@ -59,7 +59,7 @@ from conformance.exit_codes import ExitCode
 from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seconds
 from conformance.engine_lifecycle import build_engine, close_engine
 from conformance.contract import Baseline, Capabilities, EngineError, Identity, Request, Result, UsageError
-from conformance.numerics import CALIBRATION_VERSION, quantile_bound, round_up, value_counts
+from conformance.numerics import CALIBRATION_VERSION, feature_of, quantile_bound, round_up, value_counts
 
 HISTOGRAM_EDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, math.inf)
 
@@ -153,7 +153,7 @@ def config_logprob_deltas(engine: Any, caps: Capabilities, requests: Sequence[Re
     for knob in caps.knobs:
         for value in knob.values[1:]:
             engine.configure({knob.name: value})
-            deltas = out.setdefault(f"{knob.name}={value}", [])
+            deltas = out.setdefault(feature_of({knob.name: value}, caps.config_space), [])
             limit = caps.context_limit({knob.name: value})
             fits = [j for j, r in enumerate(requests) if len(r.prompt) + r.max_tokens <= limit]
             for start in range(0, len(fits), size):
