@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from adapters import checkpoint_info, landmark_search, transformers_versions
+from adapters import checkpoint_info, landmark_search, transformers_timeline, transformers_versions
 from adapters.landmarks import shipped_landmarks
 from adapters.engine_args import choice_arg, engine_arguments, parse
 from adapters.transformers_args import MODES, TransformersArgs
@@ -97,6 +97,7 @@ class TransformersAdapter:
         self._oracle = ReferenceOracle(self.eos, self.model_dir or None, args.oracle_dtype)
         if self.oracle == "reference":
             self._oracle.check_loadable()
+        self._timeline = transformers_timeline.supported()
         self.configure({})
         self.landmarks = self._landmarks(args.landmark_budget)
 
@@ -128,6 +129,9 @@ class TransformersAdapter:
             knobs=(Knob("mode", self.modes, "schedule"), Knob("k", (1, 3, 5), "speculation")),
             min_hit_prompt=self.config["page_size"] + 1,
             landmarks=self.landmarks,
+            # arrivals and cancellations mid-flight, step by step (adapters/transformers_timeline.py): only
+            # continuous batching has steps to place them between, so only a batch-mode-only run declares it
+            timeline=frozenset({"arrival", "abort"}) if self.modes == ("batch",) and self._timeline else frozenset(),
         )
 
     def configure(self, config: Mapping[str, Any]) -> None:
@@ -303,6 +307,8 @@ class TransformersAdapter:
         gc_cls = self._tf.GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+        if any(r.arrive_at_step is not None or r.abort_after is not None for r in requests):
+            return self._run_timeline(requests, gc_cls, ContinuousBatchingConfig)
         results: dict[str, Result] = {}
         groups: dict[tuple, list[Request]] = {}
         for r in requests:
@@ -330,6 +336,35 @@ class TransformersAdapter:
                 results[r.id] = Result(request_id=r.id, output=o.generated_tokens,
                                        finish_reason=_finish(o.generated_tokens, r, self.eos),
                                        cached_tokens=hits.get(o.request_id, 0), timings={"batch_s": elapsed})
+        return [results[r.id] for r in requests]
+
+    def _run_timeline(self, requests: Sequence[Request], gc_cls: Any, cb_cls: Any) -> list[Result]:
+        """A batch with arrivals or cancellations mid-flight: one manager loop per revision, stepped here
+        (adapters/transformers_timeline.py); max tokens and stop ids go with each request."""
+        if not self._timeline:
+            raise UsageError(f"transformers {self.features.version}: no mid-flight arrivals or aborts here")
+        results: dict[str, Result] = {}
+        parts: dict[str, list[Request]] = {}
+        for r in requests:
+            parts.setdefault(r.identity.revision, []).append(r)
+        for revision, part in parts.items():
+            model = self._model(revision)
+            gen = gc_cls(max_new_tokens=max(r.max_tokens for r in part), do_sample=False,
+                         eos_token_id=self._eos_ids(()), pad_token_id=self._pad())
+            cb = cb_cls(**transformers_versions.batching_config_kwargs(self.features, self.config["page_size"]),
+                        num_blocks=self.config["num_blocks"], max_batch_tokens=64, allow_block_sharing=True)
+            hits: dict[str, int] = {}
+            start = time.perf_counter()
+            with count_prefix_hits(hits):
+                stepped = transformers_timeline.run_timeline(model, gen, cb, part,
+                                                             [self._eos_ids(r.stop_ids) for r in part])
+            elapsed = time.perf_counter() - start
+            for r, s in zip(part, stepped):
+                output = s.output or []
+                results[r.id] = Result(
+                    request_id=r.id, output=output, finish_reason="abort" if s.aborted else _finish(output, r, self.eos),
+                    cached_tokens=hits.get(s.request_id, 0), timings={"batch_s": elapsed},
+                    arrived_at_step=s.arrived_at_step, ended_at_step=s.ended_at_step)
         return [results[r.id] for r in requests]
 
 

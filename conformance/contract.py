@@ -86,8 +86,12 @@ def _logprobs(values: Sequence[Sequence[Sequence[float]]] | None) -> tuple[tuple
         return values  # type: ignore[return-value]  # validation.result names what is wrong
 
 
-# The parts of a request's timeline an engine may honour (`Capabilities.timeline`).
-TIMELINE = ("arrival", "abort")
+# The parts of a request's timeline an engine may honour (`Capabilities.timeline`). "arrival_paced": an
+# arrival point a client paces by what it sees of the engine (a server behind HTTP: the request leaves once
+# the batch's earlier requests have streamed that many tokens), so it may land a step or two late; where it
+# really arrived is what the engine reports, never the point asked for.
+TIMELINE = ("arrival", "abort", "arrival_paced")
+ARRIVALS = frozenset({"arrival", "arrival_paced"})
 
 
 @frozen
@@ -242,7 +246,7 @@ class Capabilities:
     # The largest |logprob(engine) - logprob(oracle)| logprob_parity accepts: a calibration's measured
     # epsilon (`kvparity run --calibration`), never declared by an adapter; None: the check is not run.
     logprob_epsilon: float | None = None
-    # Which parts of a request's timeline the engine honours step-precisely (TIMELINE): "arrival" (a
+    # Which parts of a request's timeline the engine honours (TIMELINE), step-precisely but for "arrival_paced": "arrival" (a
     # request submitted while others run) and "abort" (a request stopped after N output tokens). What is
     # not declared is never drawn.
     timeline: frozenset[str] = field(default=frozenset(), converter=frozenset)

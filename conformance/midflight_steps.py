@@ -23,7 +23,7 @@ from __future__ import annotations
 from attrs import evolve
 from hypothesis import strategies as st
 
-from conformance.contract import Request
+from conformance.contract import ARRIVALS, Request
 from conformance.domains import max_tokens, stop_ids, token_lists
 from conformance.scenario import Continuation, renamed
 from conformance.stream import Stream
@@ -68,7 +68,7 @@ def arrival_points(leader: Request) -> st.SearchStrategy[int | None]:
 
 def _timed(s: Stream, r: Request, leader: Request) -> Request:
     caps = s.caps
-    arrive = s.draw(arrival_points(leader)) if "arrival" in caps.timeline else None
+    arrive = s.draw(arrival_points(leader)) if ARRIVALS & caps.timeline else None
     abort = s.draw(abort_points(s, len(r.prompt), r.max_tokens)) if "abort" in caps.timeline else None
     return evolve(r, arrive_at_step=arrive, abort_after=abort)
 

@@ -10,7 +10,7 @@ This module imports nothing of `conformance.situations` (no import cycle): it li
 
 from __future__ import annotations
 
-from conformance.contract import Capabilities
+from conformance.contract import ARRIVALS, Capabilities
 from conformance.history import History
 from conformance.history_facts import batch_block_size, cache_epochs, lcp, results_of
 
@@ -31,7 +31,7 @@ def situation(**kwargs) -> object:
 
 
 def _arrival(caps: Capabilities) -> bool:
-    return "arrival" in caps.timeline and caps.prefix_caching
+    return bool(ARRIVALS & caps.timeline) and caps.prefix_caching
 
 
 def _abort(caps: Capabilities) -> bool:

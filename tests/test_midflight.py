@@ -107,6 +107,17 @@ def test_abort_prefix_fails_past_the_end_of_plain_decoding_and_on_a_timeline_out
     assert [f.title for f in h.failures("abort_prefix")] == ["arrived later than asked"]
 
 
+def test_a_paced_arrival_may_land_late():
+    """An engine whose arrivals a client paces (a server: contract.TIMELINE "arrival_paced") may admit a
+    request a step or two after the point asked; a step-precise one may not (the test above)."""
+    paced = evolve(CAPS, timeline={"arrival_paced", "abort"})
+    late = evolve(Q, arrive_at_step=1, abort_after=None)
+    h = Crafted(paced).batch((late, res("q", [5, 6, 7, 8], arrived_at_step=3, ended_at_step=5))).baseline(late, [5, 6, 7, 8])
+    assert not h.failures("abort_prefix")  # (nothing aborted: inconclusive, not failed)
+    h = Crafted(paced).batch((late, res("q", [5, 6, 7, 8], arrived_at_step=3, ended_at_step=2))).baseline(late, [5, 6, 7, 8])
+    assert [f.title for f in h.failures("abort_prefix")] == ["ended before it arrived"]
+
+
 def test_abort_prefix_does_not_apply_without_a_declared_abort():
     h = Crafted().batch((Q, res("q", [5, 6], "abort"))).baseline(Q, [5, 6, 7, 8])
     assert h.status("abort_prefix") == "skip"

@@ -1,7 +1,8 @@
 """Aborts over HTTP (issue 30): `kvparity serve` streams a completion as server-sent events, a chunk per
 engine step, and a client that closes the stream aborts the request in the engine; the HTTP adapter
-honours a request's abort point that way (`Capabilities.timeline` = {"abort"} with serve=kvparity). Real
-server on 127.0.0.1, real reference engine behind it."""
+honours a request's abort point that way, and paces a request's arrival point by the tokens streamed back
+(`Capabilities.timeline` = {"abort", "arrival_paced"} with serve=kvparity), the server saying where each
+request really arrived. Real server on 127.0.0.1, real reference engine behind it."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_a_streamed_answer_equals_the_whole_one(served):
 
 def test_closing_the_stream_aborts_the_request_and_the_adapter_reports_it(served):
     caps = validation.capabilities(served.capabilities())
-    assert caps.timeline == frozenset({"abort"})
+    assert caps.timeline == frozenset({"abort", "arrival_paced"})
     served.reset()
     cut = Request("cut", PROMPT, 12, abort_after=3)
     late = Request("late", PROMPT[:40], 2, abort_after=5)  # finishes before its abort point
@@ -54,3 +55,25 @@ def test_closing_the_stream_aborts_the_request_and_the_adapter_reports_it(served
     # the engine stopped: the server's next request runs, and the aborted prompt's committed blocks serve it
     [again] = served.run([Request("again", PROMPT, 12)])
     assert again.output == served.baseline(Request("again", PROMPT, 12)).output and again.cached_tokens == 64
+
+
+def test_arrivals_are_paced_by_the_tokens_streamed_back_and_recorded_where_the_server_admitted_them(served):
+    caps = validation.capabilities(served.capabilities())
+    served.reset()
+    lead = Request("lead", PROMPT, 48)
+    late = Request("late", PROMPT[:66], 6, arrive_at_step=4)  # shares the leader's two full blocks
+    last = Request("last", PROMPT[:40], 3, arrive_at_step=1000)  # past every request's end: sent once none runs
+    results = served.run([lead, late, last])
+    for q, r in zip((lead, late, last), results):
+        validation.result(q, r, caps)
+        assert r.output == served.baseline(q).output and r.finish_reason != "abort", q.id
+        assert r.arrived_at_step is not None and r.ended_at_step >= r.arrived_at_step, q.id
+    r_lead, r_late, r_last = results
+    assert r_lead.arrived_at_step == 0 and r_late.arrived_at_step >= 4  # never before the leader's 4th token
+    assert r_last.arrived_at_step >= max(r_lead.ended_at_step, r_late.ended_at_step)
+    assert r_late.arrived_at_step < r_lead.ended_at_step and r_late.cached_tokens == 64  # inside the leader's run
+
+
+def test_a_batch_without_arrival_points_is_sent_as_before(served):
+    [r] = served.run([Request("plain", PROMPT, 4)])
+    assert r.arrived_at_step is None and "server_admitted_at_step" in r.extra  # the server says; nobody asked

@@ -65,7 +65,11 @@ Engine arguments (strings, parsed into the frozen `OpenAIHttpArgs`, adapters/ope
                              are a function of the engine arguments alone, so a replay sends the same ones;
                              each result records its intended offset (timings["sent_s"]), when it really left
                              (timings["sent_actual_s"]), and the server's completion id (extra["server_id"]:
-                             `kvparity serve` numbers them in arrival order)
+                             `kvparity serve` numbers them in arrival order). A batch with arrival points
+                             (serve=kvparity, issue 30) is streamed and paced instead: a request with
+                             `arrive_at_step = k` leaves once an earlier one has streamed k tokens back (or
+                             none is left running), and its result says where the server really admitted
+                             it (`kvparity_timeline`): `Capabilities.timeline` "arrival_paced"
   logprobs=auto|true|false   (auto: true, false with serve=kvparity) ask for logprobs=2: top-2 per step, and on servers that key logprobs by token
                              *text* (llama-cpp-python) the per-token pieces that give exact output ids
 
@@ -255,7 +259,7 @@ class OpenAIHttpAdapter:
             identities=frozenset(identities), revisions=(self.revision,), adapters=tuple(self.adapters),
             introspection=False, baseline_mode=False, tolerance=self.tolerance, knobs=(),
             min_hit_prompt=self.block_size + 1, landmarks=self._landmarks,
-            timeline=frozenset({"abort"}) if self._streams_aborts() else frozenset())
+            timeline=frozenset({"abort", "arrival_paced"}) if self._streams_aborts() else frozenset())
 
     @functools.cached_property
     def _landmarks(self) -> Landmarks:
@@ -306,7 +310,9 @@ class OpenAIHttpAdapter:
         before = self._spec_counters() if spec else None
         box: list[Any] = [None] * len(requests)
         start = time.monotonic()
-        if self.arrival == "serial":  # each request after the previous one's answer: no overlap
+        if any(q.arrive_at_step is not None for q in requests) and self._streams_aborts():
+            self._paced(requests, box, start)
+        elif self.arrival == "serial":  # each request after the previous one's answer: no overlap
             for i, q in enumerate(requests):
                 self._one(q, box, i, start, 0.0)
         else:  # request i leaves at start + i x stagger, all in flight together (arrival order = list order)
@@ -327,6 +333,8 @@ class OpenAIHttpAdapter:
             if item is None:
                 raise EngineError(f"request {q.id}: no answer within {self.timeout:g}s")
             results.append(item)
+        if any(q.arrive_at_step is not None for q in requests):
+            results = _server_steps(results)
         if spec and len(results) == 1:
             after = self._spec_counters()
             proposed, accepted = (int(after[0] - before[0]), int(after[1] - before[1]))
@@ -378,12 +386,49 @@ class OpenAIHttpAdapter:
         closing the connection, where the server says which token ids each chunk carries."""
         return self.serve == "kvparity" and self.prompt_mode == "tokens"
 
-    def _one(self, q: Request, box: list, i: int, start: float, offset: float) -> None:
+    def _paced(self, requests: Sequence[Request], box: list, start: float) -> None:
+        """A batch with arrival points, every request streamed: each leaves (in order of its point) once
+        an earlier one has streamed `arrive_at_step` tokens back, one a step, or at once where none is
+        still running (an idle engine does not make it wait). A client sees steps only through tokens,
+        so an arrival may land a step late; the server says where it did (`_server_steps`)."""
+        seen = [0] * len(requests)
+        running: set[int] = set()
+        changed = threading.Condition()
+
+        def tokens(i: int, n: int) -> None:
+            with changed:
+                seen[i] = n
+                changed.notify_all()
+
+        def one(i: int) -> None:
+            try:
+                self._one(requests[i], box, i, start, 0.0, lambda n: tokens(i, n))
+            finally:
+                with changed:
+                    running.discard(i)
+                    changed.notify_all()
+
+        threads = []
+        for i in sorted(range(len(requests)), key=lambda j: requests[j].arrive_at_step or 0):
+            k = requests[i].arrive_at_step or 0
+            with changed:
+                changed.wait_for(lambda: k == 0 or not running or max(seen[j] for j in running) >= k,
+                                 timeout=self.timeout)
+                running.add(i)
+            t = threading.Thread(target=one, args=(i,), daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join(self.timeout + 5)
+
+    def _one(self, q: Request, box: list, i: int, start: float, offset: float, paced: Any = None) -> None:
+        """One request, answered into box[i]; streamed where it has an abort point or is `paced` (told the
+        count of tokens streamed back so far)."""
         try:
             body = self._body(q.prompt, q.max_tokens, q.stop_ids, q.identity)
             t0 = time.monotonic()
-            if q.abort_after is not None and self._streams_aborts():
-                r, data = self._streamed(q, body, t0), {}
+            if (q.abort_after is not None or paced is not None) and self._streams_aborts():
+                r, data = self._streamed(q, body, t0, paced), {}
             else:
                 data = self.http.call("POST", "/v1/completions", body)
                 r = self._result(q, data, time.monotonic() - t0)
@@ -393,7 +438,7 @@ class OpenAIHttpAdapter:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             box[i] = exc
 
-    def _streamed(self, q: Request, body: dict[str, Any], t0: float) -> Result:
+    def _streamed(self, q: Request, body: dict[str, Any], t0: float, on_tokens: Any = None) -> Result:
         """A request with an abort point (issue 30), streamed; the connection is closed once the chunks
         hold `abort_after` output tokens (0: at once, before any answer), which the server takes as the client
         going away and aborts it. A stream that finishes first is an ordinary answer: the abort came too
@@ -401,6 +446,7 @@ class OpenAIHttpAdapter:
         the client received; the server may have computed a step further."""
         got: list[int] = []
         final: dict[str, Any] | None = None
+        steps: dict[str, int] = {}
         if q.abort_after == 0:  # gone before the first token: the server aborts it at its next step, if it ran
             self.http.send_and_leave("/v1/completions", {**body, "stream": True})
             return Result(q.id, (), "abort", timings={"http_s": time.monotonic() - t0},
@@ -412,10 +458,13 @@ class OpenAIHttpAdapter:
                 if not isinstance(choice, dict) or "error" in event:
                     raise EngineError(f"request {q.id}: stream event {str(event)[:80]}")
                 got += [int(t) for t in choice.get("token_ids") or ()]
+                steps = steps or server_steps(event)
+                if on_tokens is not None:
+                    on_tokens(len(got))
                 if choice.get("finish_reason") is not None:
                     final = {**event, "choices": [{**choice, "token_ids": got}]}
                     break
-                if len(got) >= q.abort_after:
+                if q.abort_after is not None and len(got) >= q.abort_after:
                     break
         finally:
             events.close()
@@ -423,7 +472,7 @@ class OpenAIHttpAdapter:
         if final is not None:
             return self._result(q, final, wall)
         return Result(q.id, tuple(got), "abort", timings={"http_s": wall},
-                      extra={"prompt_tokens": len(q.prompt), "aborted_by": "client closed the stream"})
+                      extra={"prompt_tokens": len(q.prompt), "aborted_by": "client closed the stream", **steps})
 
     def _result(self, q: Request, data: Any, wall: float) -> Result:
         try:
@@ -470,6 +519,7 @@ class OpenAIHttpAdapter:
         else:
             output, reason = normalise_finish(ids, choice.get("finish_reason"), stop_reason, q.stop_ids, self.info.eos_id,
                                               q.max_tokens)
+        extra.update(server_steps(data))
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
@@ -486,3 +536,30 @@ class OpenAIHttpAdapter:
                       top2=self.text.top2(lp) if self.want_logprobs else None,
                       logprobs=self.text.topk(lp, output) if self.want_logprobs else None, timings={"http_s": wall},
                       prefill_chunks=chunks, extra=extra)
+
+
+def server_steps(data: Any) -> dict[str, int]:
+    """The engine steps `kvparity serve` says a request was admitted and ended at (`kvparity_timeline`, an
+    extension), read as untrusted data: only integers kept."""
+    raw = data.get("kvparity_timeline") if isinstance(data, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    return {f"server_{k}": v for k in ("admitted_at_step", "ended_at_step")
+            if isinstance(v := raw.get(k), int) and not isinstance(v, bool) and v >= 0}
+
+
+def _server_steps(results: list[Result]) -> list[Result]:
+    """A paced batch's results with where the server says each arrived and ended, counted from the first
+    admission of the batch (steps run since it began, as a stepping engine counts them); None where it did
+    not say (a stream the client closed before its first token)."""
+    admitted = [r.extra.get("server_admitted_at_step") for r in results]
+    known = [a for a in admitted if a is not None]
+    if not known:
+        return results
+    base = min(known)
+    out = []
+    for r, a in zip(results, admitted):
+        ended = r.extra.get("server_ended_at_step")
+        out.append(attrs.evolve(r, arrived_at_step=None if a is None else a - base,
+                                ended_at_step=None if ended is None or a is None else ended - base))
+    return out

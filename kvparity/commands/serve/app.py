@@ -14,7 +14,9 @@ Routes (the wire format is vLLM's, so the HTTP adapter drives this server and vL
   POST /reset_prefix_cache   forget every reusable KV (vLLM's dev-mode endpoint, same name)
   GET  /health, GET /version, GET /metrics   (Prometheus text: engine steps, the largest batch, requests)
 Answers carry `usage.prompt_tokens_details.cached_tokens` — the engine's own count of prompt tokens whose
-KV came from the prefix cache (so with a fault planted, whatever the faulty engine reports). Every error
+KV came from the prefix cache (so with a fault planted, whatever the faulty engine reports), and
+`kvparity_timeline` (an extension, no vLLM field): the engine steps run when the request was admitted and when
+it ended, so a client that paces its arrivals learns where they really landed. Every error
 is OpenAI-style JSON: a body over `MAX_BODY` a 413, a body nested too deep for the JSON decoder a 400.
 
 Cache scope: how the request's tenant fields become the engine identity whose salt keys the prefix cache.
@@ -224,8 +226,9 @@ class CompletionServer:
                                   "finish_reason": None}
         if q.ids:
             choice["token_ids"] = tokens
+        admitted = self.loop.timeline.get(request_id, (None, None))[0]
         return {"id": request_id, "object": "text_completion.chunk", "created": int(time.time()), "model": q.model,
-                "choices": [choice]}
+                "choices": [choice], "kvparity_timeline": {"admitted_at_step": admitted, "ended_at_step": None}}
 
     @staticmethod
     def _resolver(fut: asyncio.Future):
@@ -255,8 +258,10 @@ class CompletionServer:
             choice["prompt_token_ids"] = list(q.prompt)
         if q.logprobs is not None:  # 0: each chosen token's logprob, no alternatives
             choice["logprobs"] = self._logprobs(q.prompt, output, q.identity, q.logprobs, q.as_ids)
+        admitted, ended = self.loop.timeline.pop(request_id, (None, None))
         return {"id": request_id, "object": "text_completion", "created": int(time.time()),
                 "model": q.model, "choices": [choice],
+                "kvparity_timeline": {"admitted_at_step": admitted, "ended_at_step": ended},
                 "usage": {"prompt_tokens": len(q.prompt), "completion_tokens": len(output),
                           "total_tokens": len(q.prompt) + len(output),
                           "prompt_tokens_details": {"cached_tokens": rep.cached_tokens}}}

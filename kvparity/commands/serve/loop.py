@@ -19,13 +19,14 @@ the error, so a crash is an HTTP 500, never a hang. `flush` (the cache-reset end
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Callable
 
 from reference_engine.engine import Engine
 from reference_engine.errors import PoolExhaustedError, ReferenceEngineError
 from reference_engine.sequence import Identity, Report
 
+TIMELINE_KEPT = 4096  # requests whose admission and end steps wait for their answer
 Done = Callable[[object], None]  # called once with a Report, or with the exception that ended the request
 Progress = Callable[[tuple[int, ...]], None]  # a streamed request's output so far, after each step
 
@@ -50,6 +51,10 @@ class EngineLoop:
         self._closed = False
         self.steps = 0  # engine steps run: how many times a batch was formed
         self.largest_batch = 0  # most requests live together in one step
+        # (steps run when it was admitted, steps run when it ended) per request, for its answer: where it
+        # really arrived and ended, which a client that paces its arrivals cannot know (issue 30)
+        # (the oldest dropped past TIMELINE_KEPT: a stream its client closed is never answered)
+        self.timeline: OrderedDict[str, tuple[int, int | None]] = OrderedDict()
         self._thread = threading.Thread(target=self._run, name="kvparity-serve-engine", daemon=True)
         self._thread.start()
 
@@ -130,11 +135,16 @@ class EngineLoop:
             done(RequestRefused(f"{type(exc).__name__}: {exc}"))
             return
         self._waiting[request_id] = done
+        self.timeline[request_id] = (self.steps, None)
+        while len(self.timeline) > TIMELINE_KEPT:
+            self.timeline.popitem(last=False)
         if progress is not None:
             self._progress[request_id] = progress
 
     def _answer(self, report: Report) -> None:
         self._progress.pop(report.request_id, None)
+        if report.request_id in self.timeline:
+            self.timeline[report.request_id] = (self.timeline[report.request_id][0], self.steps)
         done = self._waiting.pop(report.request_id, None)
         if done is not None:
             done(report)
