@@ -60,7 +60,7 @@ def test_closing_the_stream_aborts_the_request_and_the_adapter_reports_it(served
 def test_arrivals_are_paced_by_the_tokens_streamed_back_and_recorded_where_the_server_admitted_them(served):
     caps = validation.capabilities(served.capabilities())
     served.reset()
-    lead = Request("lead", PROMPT, 48)
+    lead = Request("lead", PROMPT, 800)  # long enough (steps of ~1 ms) that a loaded client's send lands inside it
     late = Request("late", PROMPT[:66], 6, arrive_at_step=4)  # shares the leader's two full blocks
     last = Request("last", PROMPT[:40], 3, arrive_at_step=1000)  # past every request's end: sent once none runs
     results = served.run([lead, late, last])
