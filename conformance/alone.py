@@ -16,17 +16,32 @@ pairs it re-sends. Where the lone request fails too, the grouping folds every fi
 it re-sends into the lone request's own (`fold`): one bug, one finding, the smallest witness shown,
 listed under what was in play for the lone request (speculation, chunking, or nothing: parity), and
 signed as the lone request — the same bug from any context, seed or engine version signs once.
+
+Where a failing request's batch held another identity's request and the lone re-send does not fold it,
+one more question decides whether the bug is about identities (a base request decoded with a LoRA in a
+mixed batch) or about batching (any batch of one tenant would do): the batch is sent again after a
+reset, under its configuration, twice — whole (`rebatch`), and with every request under the failing one's identity
+(`kin`: the same prompts, sizes and order, so only the identities differ) —, the failing request named
+"probe" in both (`context_probes`). Whole it fails and under one identity it passes: the finding needed
+another identity in its batch, and its signature says so (conformance.signature), so a known LoRA
+batch-mixing finding no longer waives every scheduling bug of an engine. Those probes run before the lone
+re-sends (a run's analysis keeps the last failure of each check and title, and the lone ones must stay to
+fold what they reproduce); their answers are read from the history, and their failures fold into the
+finding about the request they re-send (`fold`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from attrs import evolve
+
 from conformance.contract import EngineError, Request
 from conformance.history import BatchRecord, Example, History
+from conformance.oracle import DIVERGE, FINISH, compare
 from conformance.scenario import Batch, Configure
 
-MAX_PROBES = 8  # lone re-sends per run: one per distinct failing request, the findings' order first
+MAX_PROBES = 8  # re-sends of each kind per run: one per distinct failing request, the findings' order first
 
 
 def _request_of(history: History, failure: Any) -> tuple[Example, BatchRecord, Request] | None:
@@ -34,7 +49,7 @@ def _request_of(history: History, failure: Any) -> tuple[Example, BatchRecord, R
     req = w.get("request")
     ex = next((e for e in history.examples if e.index == failure.example), None)
     batch = w.get("batch")
-    if ex is None or ex.alone is not None or not isinstance(req, Mapping) or not isinstance(batch, int):
+    if ex is None or _probe(ex) or not isinstance(req, Mapping) or not isinstance(batch, int):
         return None
     if not 0 <= batch < len(ex.batches):
         return None
@@ -72,11 +87,73 @@ def probes(history: History, findings: Sequence[Any]) -> list[Any]:
     return out
 
 
-def run_probes(runner: Any, history: History, findings: Sequence[Any], examples: int) -> int:
-    """Run `probes(history, findings)` as the run's next examples; the example count after them. An
-    engine that breaks on one has its `error` recorded (the run's verdict is then error) and no more
-    are sent."""
-    for scenario in probes(history, findings):
+PROBE = "probe"  # the failing request's id in a context probe
+
+
+def _probe(ex: Example) -> bool:
+    return ex.alone is not None or ex.kin is not None or ex.rebatch is not None
+
+
+def context_probes(history: History, findings: Sequence[Any]) -> list[Any]:
+    """For each finding shown by a request of the stream whose batch held another identity's request (a
+    lone re-send that failed has folded its finding already: those show the lone request): its batch
+    whole, and with every request under the failing one's identity (the same prompts, sizes and order:
+    only the identities differ), each after a reset, under its configuration, timelines dropped, marked
+    `rebatch` / `kin` with the pair it re-sends; at most MAX_PROBES findings."""
+    from conformance.completion import MarkedScenario
+
+    out: list[Any] = []
+    seen: set[tuple] = set()
+    for fd in findings:
+        found = _request_of(history, fd.failure)
+        if found is None or len(seen) >= MAX_PROBES:
+            continue
+        ex, b, q = found
+        if all(o.identity == q.identity for o in b.requests):
+            continue
+        key = (ex.index, b.index, q.id)
+        if key in seen:
+            continue
+        seen.add(key)
+        pairs = [[ex.index, q.id]]
+        whole = [Request(PROBE if o.id == q.id else o.id, o.prompt, o.max_tokens, o.stop_ids, o.identity)
+                 for o in b.requests]
+        config = (Configure(dict(b.config)),) if b.config else ()
+        out.append(MarkedScenario(config + (Batch(tuple(whole)),), {"rebatch": pairs}))
+        out.append(MarkedScenario(config + (Batch(tuple(evolve(o, identity=q.identity) for o in whole)),),
+                                  {"kin": pairs}))
+    return out
+
+
+def _probe_wrong(history: History, ex: Example) -> bool | None:
+    """Did the probe request of a context probe answer other than plain decoding (None: no answer)?"""
+    for b in ex.batches:
+        for q, r in zip(b.requests, b.results):
+            if q.id == PROBE and r.finish_reason not in ("abort", "refused"):
+                base = history.baseline_for(q)
+                return None if base is None else \
+                    compare(base, r.output, r.finish_reason, history.tolerance).kind in (DIVERGE, FINISH)
+    return None
+
+
+def needed_another_identity(history: History, finding: Any) -> bool:
+    """Did the context probes of the finding's request say it needs another identity in its batch: re-sent
+    whole, its answer was wrong again; under one identity, right? Read from the probes' own answers (a
+    run's analysis keeps one failure per check and title, the last)."""
+    w = finding.failure.witness
+    req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
+    pair = (finding.failure.example, req.get("id"))
+    whole = [_probe_wrong(history, e) for e in history.examples if e.rebatch and pair in e.rebatch]
+    kin = [_probe_wrong(history, e) for e in history.examples if e.kin and pair in e.kin]
+    return bool(whole) and bool(kin) and all(x is True for x in whole) and all(x is False for x in kin)
+
+
+def run_probes(runner: Any, history: History, findings: Sequence[Any], examples: int,
+               make: Any = None) -> int:
+    """Run `(make or probes)(history, findings)` as the run's next examples; the example count after
+    them. An engine that breaks on one has its `error` recorded (the run's verdict is then error) and
+    no more are sent."""
+    for scenario in (make or probes)(history, findings):
         try:
             runner.run(scenario, examples)
         except EngineError:
@@ -85,10 +162,11 @@ def run_probes(runner: Any, history: History, findings: Sequence[Any], examples:
     return examples
 
 
-def fold(history: History, findings: list[Any], merge: Any) -> list[Any]:
+def fold(history: History, findings: list[Any], merge: Any, merge_context: Any) -> list[Any]:
     """Each finding about a request that a lone re-send reproduced, folded into the lone request's own
     finding (`merge(lone, other)` builds the merged one). A lone re-send that passed folds nothing: its
     context was needed, and the finding stays as it was found."""
+    findings = _fold_context(history, findings, merge_context)
     resent = {ex.index: ex.alone for ex in history.examples if ex.alone}
     lone_of: dict[tuple[int, str], int] = {}  # (example, request id) -> index in `findings` of the lone finding
     for i, fd in enumerate(findings):
@@ -103,6 +181,29 @@ def fold(history: History, findings: list[Any], merge: Any) -> list[Any]:
     for i, fd in enumerate(findings):
         req = fd.failure.witness.get("request")
         target = lone_of.get((fd.failure.example, req.get("id"))) if isinstance(req, Mapping) else None
+        if target is None or target == i:
+            kept.append(i)
+            continue
+        merged[target] = merge(merged.get(target, findings[target]), fd)
+    return [merged.get(i, findings[i]) for i in kept]
+
+
+def _fold_context(history: History, findings: list[Any], merge: Any) -> list[Any]:
+    """Each finding shown in a context probe folded into the finding about the request it re-sends
+    (`merge(that, probe's)`), where the run's analysis kept one; else it stays as found."""
+    pairs = {ex.index: (ex.rebatch or ex.kin)[0] for ex in history.examples if ex.rebatch or ex.kin}
+    if not pairs:
+        return findings
+    shown: dict[tuple, int] = {}
+    for i, fd in enumerate(findings):
+        for f in (fd.failure, *fd.failures):
+            req = f.witness.get("request")
+            if isinstance(req, Mapping) and f.example not in pairs:
+                shown.setdefault((f.example, req.get("id")), i)
+    merged: dict[int, Any] = {}
+    kept = []
+    for i, fd in enumerate(findings):
+        target = shown.get(pairs[fd.failure.example]) if fd.failure.example in pairs else None
         if target is None or target == i:
             kept.append(i)
             continue

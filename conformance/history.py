@@ -5,7 +5,7 @@ never loses the evidence, and `kvparity report RUN_DIR` can re-analyse a run wit
 Every line is one event, flushed as it is written (fsynced at example boundaries and errors):
 
     run_start    {engine, engine_args, capabilities, versions, seed, profile}
-    example      {index, completion?, alone?}  an example (or replay) starts (`alone`: conformance/alone.py)
+    example      {index, completion?, alone?, kin?, rebatch?}  an example (or replay) starts (those three: conformance/alone.py)
     config       {config}                 engine.configure(config) is about to be called
     reset        {snapshot?}              engine.reset() returned (white-box: the pool at rest)
     submit       {requests}               engine.run(requests) is about to be called
@@ -214,6 +214,8 @@ class Example:
     # batch's arm; None for an example of the stream.
     completion: dict[str, Any] | None = None
     alone: tuple[tuple[int, str], ...] | None = None  # a lone re-send (conformance/alone.py): the pairs it re-sends
+    kin: tuple[tuple[int, str], ...] | None = None  # a batch re-sent with its own identity only (the same): its pairs
+    rebatch: tuple[tuple[int, str], ...] | None = None  # a batch re-sent whole after a reset (the same): its pairs
 
     def steps(self) -> list[dict[str, Any]]:
         return list(self.step_list)
@@ -310,7 +312,8 @@ class HistoryBuilder:
                 h.capabilities = capabilities_from(ev["capabilities"])
         elif kind == "example":
             self._current = Example(index=int(ev.get("index", len(h.examples))), completion=ev.get("completion"),
-                                    alone=alone_pairs(ev.get("alone")))
+                                    alone=alone_pairs(ev.get("alone")), kin=alone_pairs(ev.get("kin")),
+                                    rebatch=alone_pairs(ev.get("rebatch")))
             h.examples.append(self._current)
             self._epoch = self._segment = 0
             self._config = {}

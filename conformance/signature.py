@@ -11,7 +11,10 @@ It is built from what the root-cause story (grouping, conformance.report.story) 
   a hit covering the prompt, the pool after a rollback, another identity's KV) *is* the mechanism; for
   the checks that do not (parity, accounting) it is the reuse mechanisms the engine reported for the
   failing request (cache hit, draft tokens, chunking or batching) and, for parity, how the output was
-  wrong (other tokens, or the same tokens with another finish reason);
+  wrong (other tokens, or the same tokens with another finish reason); and for any check, "another
+  identity in its batch" where the oracle said so: its batch re-sent after a reset failed again whole and
+  passed with only its own identity's requests (conformance.alone, `context_probes`). That is what tells
+  a LoRA batch-mixing bug from a batching bug, which the check's name alone does not;
 - **title**: the failure record's title, digits folded away; for the checks whose every failure says
   the output is wrong (parity and the independence checks), the check's own claim.
 
@@ -27,6 +30,7 @@ from typing import Any, Mapping
 
 from attrs import frozen
 
+from conformance import alone
 from conformance.analysis import Analysis
 from conformance.checks import CHECKS
 from conformance.history_facts import mechanisms
@@ -95,10 +99,12 @@ def _kind(finding: RootCause) -> str | None:
 def mechanism(history: History, finding: RootCause) -> str:
     """What was in play, in words that do not depend on the witness' sizes."""
     if finding.check in OWN_MECHANISM:
-        return OWN_MECHANISM[finding.check]
-    active = sorted(_NAMES[m] for m in _focus_mechanisms(history, finding))
-    kind = _kind(finding) if finding.check == "parity" else None  # accounting's titles say how it went wrong
-    return ", ".join(active or ["plain decoding"]) + (f"; {kind}" if kind else "")
+        words = OWN_MECHANISM[finding.check]
+    else:
+        active = sorted(_NAMES[m] for m in _focus_mechanisms(history, finding))
+        kind = _kind(finding) if finding.check == "parity" else None  # accounting's titles say how it went wrong
+        words = ", ".join(active or ["plain decoding"]) + (f"; {kind}" if kind else "")
+    return words + ("; another identity in its batch" if alone.needed_another_identity(history, finding) else "")
 
 
 # The checks whose every failure says "the output is not what it must be": the wording of the record
