@@ -317,9 +317,7 @@ class TransformersAdapter:
             model = self._model(revision)  # each model keeps its own persistent manager (and cache)
             gen = gc_cls(max_new_tokens=max_tokens, do_sample=False, eos_token_id=self._eos_ids(stop_ids),
                          pad_token_id=self._pad())
-            cb = ContinuousBatchingConfig(
-                **transformers_versions.batching_config_kwargs(self.features, self.config["page_size"]),
-                num_blocks=self.config["num_blocks"], max_batch_tokens=64, allow_block_sharing=True)
+            cb = self._batching_config(ContinuousBatchingConfig)
             hits: dict[str, int] = {}
             start = time.perf_counter()
             with count_prefix_hits(hits):
@@ -338,6 +336,11 @@ class TransformersAdapter:
                                        cached_tokens=hits.get(o.request_id, 0), timings={"batch_s": elapsed})
         return [results[r.id] for r in requests]
 
+    def _batching_config(self, cb_cls: Any) -> Any:
+        """The continuous-batching configuration of both batch paths: this run's pages, prefix sharing on."""
+        return cb_cls(**transformers_versions.batching_config_kwargs(self.features, self.config["page_size"]),
+                      num_blocks=self.config["num_blocks"], max_batch_tokens=64, allow_block_sharing=True)
+
     def _run_timeline(self, requests: Sequence[Request], gc_cls: Any, cb_cls: Any) -> list[Result]:
         """A batch with arrivals or cancellations mid-flight: one manager loop per revision, stepped here
         (adapters/transformers_timeline.py); max tokens and stop ids go with each request."""
@@ -351,8 +354,7 @@ class TransformersAdapter:
             model = self._model(revision)
             gen = gc_cls(max_new_tokens=max(r.max_tokens for r in part), do_sample=False,
                          eos_token_id=self._eos_ids(()), pad_token_id=self._pad())
-            cb = cb_cls(**transformers_versions.batching_config_kwargs(self.features, self.config["page_size"]),
-                        num_blocks=self.config["num_blocks"], max_batch_tokens=64, allow_block_sharing=True)
+            cb = self._batching_config(cb_cls)
             hits: dict[str, int] = {}
             start = time.perf_counter()
             with count_prefix_hits(hits):
