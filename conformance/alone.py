@@ -19,8 +19,8 @@ signed as the lone request — the same bug from any context, seed or engine ver
 
 Where a failing request's batch held another identity's request and the lone re-send does not fold it,
 one more question decides whether the bug is about identities (a base request decoded with a LoRA in a
-mixed batch) or about batching (any batch of one tenant would do): the batch is sent again after a
-reset, under its configuration, twice — whole (`rebatch`), and with every request under the failing one's identity
+mixed batch) or about batching (any batch of one tenant would do): the batch (after the batch that
+wrote the KV it read, for a cache hit) is sent again after a reset, under its configuration, twice — whole (`rebatch`), and with every request under the failing one's identity
 (`kin`: the same prompts, sizes and order, so only the identities differ) —, the failing request named
 "probe" in both (`context_probes`). Whole it fails and under one identity it passes: the finding needed
 another identity in its batch, and its signature says so (conformance.signature), so a known LoRA
@@ -38,6 +38,7 @@ from attrs import evolve
 
 from conformance.contract import EngineError, Request
 from conformance.history import BatchRecord, Example, History
+from conformance.localise import kv_writer
 from conformance.oracle import DIVERGE, FINISH, compare
 from conformance.scenario import Batch, Configure
 
@@ -95,11 +96,12 @@ def _probe(ex: Example) -> bool:
 
 
 def context_probes(history: History, findings: Sequence[Any]) -> list[Any]:
-    """For each finding shown by a request of the stream whose batch held another identity's request (a
-    lone re-send that failed has folded its finding already: those show the lone request): its batch
-    whole, and with every request under the failing one's identity (the same prompts, sizes and order:
-    only the identities differ), each after a reset, under its configuration, timelines dropped, marked
-    `rebatch` / `kin` with the pair it re-sends; at most MAX_PROBES findings."""
+    """For each finding shown by a request of the stream whose batch (or, for a cache hit, its KV writer's:
+    `_context`) held another identity's request (a lone re-send that failed has folded its finding
+    already: those show the lone request): those batches whole, and with every request under the failing
+    one's identity (the same prompts, sizes and order: only the identities differ), each after a reset,
+    under its configuration, timelines dropped, marked `rebatch` / `kin` with the pair it re-sends; at
+    most MAX_PROBES findings."""
     from conformance.completion import MarkedScenario
 
     out: list[Any] = []
@@ -109,20 +111,31 @@ def context_probes(history: History, findings: Sequence[Any]) -> list[Any]:
         if found is None or len(seen) >= MAX_PROBES:
             continue
         ex, b, q = found
-        if all(o.identity == q.identity for o in b.requests):
+        batches = _context(ex, b, q)
+        if all(o.identity == q.identity for x in batches for o in x.requests):
             continue
         key = (ex.index, b.index, q.id)
         if key in seen:
             continue
         seen.add(key)
         pairs = [[ex.index, q.id]]
-        whole = [Request(PROBE if o.id == q.id else o.id, o.prompt, o.max_tokens, o.stop_ids, o.identity)
-                 for o in b.requests]
+        whole = [tuple(Request(PROBE if x is b and o.id == q.id else o.id, o.prompt, o.max_tokens, o.stop_ids,
+                               o.identity) for o in x.requests) for x in batches]
         config = (Configure(dict(b.config)),) if b.config else ()
-        out.append(MarkedScenario(config + (Batch(tuple(whole)),), {"rebatch": pairs}))
-        out.append(MarkedScenario(config + (Batch(tuple(evolve(o, identity=q.identity) for o in whole)),),
-                                  {"kin": pairs}))
+        out.append(MarkedScenario(config + tuple(Batch(x) for x in whole), {"rebatch": pairs}))
+        out.append(MarkedScenario(config + tuple(Batch(tuple(evolve(o, identity=q.identity) for o in x))
+                                                 for x in whole), {"kin": pairs}))
     return out
+
+
+def _context(ex: Example, b: BatchRecord, q: Request) -> list[BatchRecord]:
+    """The batches a context probe re-sends: the request's own, after the batch of the earlier request
+    whose KV it likeliest read (a cache hit: `localise.kv_writer`), so KV written beside another identity
+    and served later is asked about too."""
+    r = next((r for o, r in zip(b.requests, b.results) if o.id == q.id), None)
+    writer = kv_writer(ex, b, q) if r is not None and r.cached_tokens else None
+    first = next((x for x in ex.batches if writer is not None and any(o is writer[0] for o in x.requests)), None)
+    return [b] if first is None or first is b else [first, b]
 
 
 def _probe_wrong(history: History, ex: Example) -> bool | None:
@@ -139,10 +152,14 @@ def _probe_wrong(history: History, ex: Example) -> bool | None:
 def needed_another_identity(history: History, finding: Any) -> bool:
     """Did the context probes of the finding's request say it needs another identity in its batch: re-sent
     whole, its answer was wrong again; under one identity, right? Read from the probes' own answers (a
-    run's analysis keeps one failure per check and title, the last)."""
+    run's analysis keeps one failure per check and title, the last, so a finding may be shown by a probe:
+    it is then about the request the probe re-sends)."""
     w = finding.failure.witness
     req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
     pair = (finding.failure.example, req.get("id"))
+    probe = next((e for e in history.examples if e.index == pair[0] and (e.rebatch or e.kin)), None)
+    if probe is not None:  # shown by a probe itself (the run kept no record of the request it re-sends)
+        pair = (probe.rebatch or probe.kin)[0]
     whole = [_probe_wrong(history, e) for e in history.examples if e.rebatch and pair in e.rebatch]
     kin = [_probe_wrong(history, e) for e in history.examples if e.kin and pair in e.kin]
     return bool(whole) and bool(kin) and all(x is True for x in whole) and all(x is False for x in kin)
