@@ -149,17 +149,22 @@ def _probe_wrong(history: History, ex: Example) -> bool | None:
     return None
 
 
+def about(history: History, failure: Any) -> tuple[int, Any] | None:
+    """The (example, request id) a failure is about: a context probe's, the request it re-sends (a run's
+    analysis keeps the last failure of each check and title, so a probe's may be all that is left)."""
+    probe = next((e for e in history.examples if e.index == failure.example and (e.rebatch or e.kin)), None)
+    if probe is not None:
+        return (probe.rebatch or probe.kin)[0]
+    req = failure.witness.get("request")
+    return (failure.example, req.get("id")) if isinstance(req, Mapping) else None
+
+
 def needed_another_identity(history: History, finding: Any) -> bool:
     """Did the context probes of the finding's request say it needs another identity in its batch: re-sent
     whole, its answer was wrong again; under one identity, right? Read from the probes' own answers (a
     run's analysis keeps one failure per check and title, the last, so a finding may be shown by a probe:
     it is then about the request the probe re-sends)."""
-    w = finding.failure.witness
-    req = w.get("request") if isinstance(w.get("request"), Mapping) else {}
-    pair = (finding.failure.example, req.get("id"))
-    probe = next((e for e in history.examples if e.index == pair[0] and (e.rebatch or e.kin)), None)
-    if probe is not None:  # shown by a probe itself (the run kept no record of the request it re-sends)
-        pair = (probe.rebatch or probe.kin)[0]
+    pair = about(history, finding.failure)
     whole = [_probe_wrong(history, e) for e in history.examples if e.rebatch and pair in e.rebatch]
     kin = [_probe_wrong(history, e) for e in history.examples if e.kin and pair in e.kin]
     return bool(whole) and bool(kin) and all(x is True for x in whole) and all(x is False for x in kin)
@@ -196,8 +201,7 @@ def fold(history: History, findings: list[Any], merge: Any, merge_context: Any) 
     merged: dict[int, Any] = {}
     kept = []
     for i, fd in enumerate(findings):
-        req = fd.failure.witness.get("request")
-        target = lone_of.get((fd.failure.example, req.get("id"))) if isinstance(req, Mapping) else None
+        target = lone_of.get(about(history, fd.failure))
         if target is None or target == i:
             kept.append(i)
             continue

@@ -5,7 +5,7 @@ never loses the evidence, and `kvparity report RUN_DIR` can re-analyse a run wit
 Every line is one event, flushed as it is written (fsynced at example boundaries and errors):
 
     run_start    {engine, engine_args, capabilities, versions, seed, profile}
-    example      {index, completion?, alone?, kin?, rebatch?}  an example (or replay) starts (those three: conformance/alone.py)
+    example      {index, completion?, alone?, kin?, rebatch?}  an example starts (the last three: alone.py)
     config       {config}                 engine.configure(config) is about to be called
     reset        {snapshot?}              engine.reset() returned (white-box: the pool at rest)
     submit       {requests}               engine.run(requests) is about to be called
@@ -213,9 +213,9 @@ class Example:
     # A coverage-completion example (conformance/completion.py): the situations it went after and each
     # batch's arm; None for an example of the stream.
     completion: dict[str, Any] | None = None
-    alone: tuple[tuple[int, str], ...] | None = None  # a lone re-send (conformance/alone.py): the pairs it re-sends
-    kin: tuple[tuple[int, str], ...] | None = None  # a batch re-sent with its own identity only (the same): its pairs
-    rebatch: tuple[tuple[int, str], ...] | None = None  # a batch re-sent whole after a reset (the same): its pairs
+    alone: tuple[tuple[int, str], ...] | None = None  # re-sends (alone.py): the (example, id) pairs re-sent alone,
+    kin: tuple[tuple[int, str], ...] | None = None  # in their batch under one identity,
+    rebatch: tuple[tuple[int, str], ...] | None = None  # in their batch whole (each after a reset)
 
     def steps(self) -> list[dict[str, Any]]:
         return list(self.step_list)
@@ -262,9 +262,7 @@ class History:
         if self.in_flight:
             ids = ", ".join(q.id for q in self.in_flight[:4]) + (" ..." if len(self.in_flight) > 4 else "")
             what += f" (requests {ids} submitted, never answered)"
-        if self.interrupted:
-            return f"run interrupted: {self.interrupted}; {what}"
-        return f"run did not finish: {what}"
+        return f"run interrupted: {self.interrupted}; {what}" if self.interrupted else f"run did not finish: {what}"
 
     def batches(self) -> Iterable[BatchRecord]:
         for ex in self.examples:
@@ -312,8 +310,7 @@ class HistoryBuilder:
                 h.capabilities = capabilities_from(ev["capabilities"])
         elif kind == "example":
             self._current = Example(index=int(ev.get("index", len(h.examples))), completion=ev.get("completion"),
-                                    alone=alone_pairs(ev.get("alone")), kin=alone_pairs(ev.get("kin")),
-                                    rebatch=alone_pairs(ev.get("rebatch")))
+                                    **{k: alone_pairs(ev.get(k)) for k in ("alone", "kin", "rebatch")})
             h.examples.append(self._current)
             self._epoch = self._segment = 0
             self._config = {}
