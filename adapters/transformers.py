@@ -9,7 +9,9 @@ Modes (engine argument `mode`; the config space is every mode the installed rele
   assisted        assisted generation with tiny-draft as the assistant (k = `num_assistant_tokens`)
   adversarial     assisted generation with an assistant that always proposes the draft's *least* likely token
   prompt_lookup   n-gram prompt lookup decoding (k = `prompt_lookup_num_tokens`)
-  batch           `generate_batch`: continuous batching over a paged cache with block sharing (prefix reuse)
+  batch           `generate_batch`: continuous batching over a paged cache with block sharing (prefix reuse);
+                  a batch with arrivals or aborts mid-flight steps the manager's loop itself
+                  (adapters/transformers_timeline.py), declared only when `batch` is the only mode
 
 transformers reports neither prefix hits nor draft acceptance, so the adapter *observes* them by wrapping two
 library methods for the duration of a call: `PagedAttentionCache.search_prefix_match` (tokens served from
