@@ -365,8 +365,9 @@ class TransformersAdapter:
             elapsed = time.perf_counter() - start
             for r, s in zip(part, stepped):
                 output = s.output or []
+                finish = "abort" if s.aborted else _finish(output, r, self.eos)
                 results[r.id] = Result(
-                    request_id=r.id, output=output, finish_reason="abort" if s.aborted else _finish(output, r, self.eos),
+                    request_id=r.id, output=output, finish_reason=finish,
                     cached_tokens=hits.get(s.request_id, 0), timings={"batch_s": elapsed},
                     arrived_at_step=s.arrived_at_step, ended_at_step=s.ended_at_step)
         return [results[r.id] for r in requests]

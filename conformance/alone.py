@@ -19,13 +19,13 @@ signed as the lone request — the same bug from any context, seed or engine ver
 
 Where a failing request's batch held another identity's request and the lone re-send does not fold it,
 one more question decides whether the bug is about identities (a base request decoded with a LoRA in a
-mixed batch) or about batching (any batch of one tenant would do): the batch (after the batch that
-wrote the KV it read, for a cache hit) is sent again after a reset, under its configuration, twice — whole (`rebatch`), and with every request under the failing one's identity
-(`kin`: the same prompts, sizes and order, so only the identities differ) —, the failing request named
-"probe" in both (`context_probes`). Whole it fails and under one identity it passes: the finding needed
-another identity in its batch, and its signature says so (conformance.signature), so a known LoRA
-batch-mixing finding no longer waives every scheduling bug of an engine. Those probes run before the lone
-re-sends (a run's analysis keeps the last failure of each check and title, and the lone ones must stay to
+mixed batch) or about batching (any batch of one tenant would do): the batch (after the batch that wrote
+the KV it read, for a cache hit) is sent again after a reset, under its configuration, twice — whole
+(`rebatch`), and with every request under the failing one's identity (`kin`: the same prompts, sizes and
+order, so only the identities differ) —, the failing request named "probe" in both (`context_probes`).
+Whole it fails and under one identity it passes: the finding needed another identity in its batch, and
+its signature says so (conformance.signature), so a known LoRA batch-mixing finding no longer waives
+every scheduling bug of an engine. Those probes run before the lone re-sends (a run's analysis keeps the last failure of each check and title, and the lone ones must stay to
 fold what they reproduce); their answers are read from the history, and their failures fold into the
 finding about the request they re-send (`fold`).
 """

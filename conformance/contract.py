@@ -246,9 +246,9 @@ class Capabilities:
     # The largest |logprob(engine) - logprob(oracle)| logprob_parity accepts: a calibration's measured
     # epsilon (`kvparity run --calibration`), never declared by an adapter; None: the check is not run.
     logprob_epsilon: float | None = None
-    # Which parts of a request's timeline the engine honours (TIMELINE), step-precisely but for "arrival_paced": "arrival" (a
-    # request submitted while others run) and "abort" (a request stopped after N output tokens). What is
-    # not declared is never drawn.
+    # Which parts of a request's timeline the engine honours (TIMELINE): "arrival" (a request submitted
+    # while others run, step-precisely), "abort" (a request stopped after N output tokens) and
+    # "arrival_paced" (an arrival a client paces, see TIMELINE). What is not declared is never drawn.
     timeline: frozenset[str] = field(default=frozenset(), converter=frozenset)
 
     def __init__(self, *args: Any, config_space: Mapping[str, Sequence[Any]] | None = None,

@@ -13,7 +13,7 @@ It is built from what the root-cause story (grouping, conformance.report.story) 
   failing request (cache hit, draft tokens, chunking or batching) and, for parity, how the output was
   wrong (other tokens, or the same tokens with another finish reason); and for any check, "another
   identity in its batch" where the oracle said so: its batch re-sent after a reset failed again whole and
-  passed with only its own identity's requests (conformance.alone, `context_probes`). That is what tells
+  passed with every request under its identity (conformance.alone, `context_probes`). That is what tells
   a LoRA batch-mixing bug from a batching bug, which the check's name alone does not;
 - **title**: the failure record's title, digits folded away; for the checks whose every failure says
   the output is wrong (parity and the independence checks), the check's own claim.

@@ -112,9 +112,11 @@ def test_a_paced_arrival_may_land_late():
     request a step or two after the point asked; a step-precise one may not (the test above)."""
     paced = evolve(CAPS, timeline={"arrival_paced", "abort"})
     late = evolve(Q, arrive_at_step=1, abort_after=None)
-    h = Crafted(paced).batch((late, res("q", [5, 6, 7, 8], arrived_at_step=3, ended_at_step=5))).baseline(late, [5, 6, 7, 8])
+    landed = res("q", [5, 6, 7, 8], arrived_at_step=3, ended_at_step=5)
+    h = Crafted(paced).batch((late, landed)).baseline(late, [5, 6, 7, 8])
     assert not h.failures("abort_prefix")  # (nothing aborted: inconclusive, not failed)
-    h = Crafted(paced).batch((late, res("q", [5, 6, 7, 8], arrived_at_step=3, ended_at_step=2))).baseline(late, [5, 6, 7, 8])
+    backwards = res("q", [5, 6, 7, 8], arrived_at_step=3, ended_at_step=2)
+    h = Crafted(paced).batch((late, backwards)).baseline(late, [5, 6, 7, 8])
     assert [f.title for f in h.failures("abort_prefix")] == ["ended before it arrived"]
 
 

@@ -30,7 +30,8 @@ def timeline_problems(q: Request, r: Result, paced: bool = False) -> list[tuple[
     bad = []
     if len(r.output) > q.max_tokens:
         bad.append(("more tokens than max_tokens", f"{len(r.output)} tokens > max_tokens {q.max_tokens}"))
-    if not paced and r.arrived_at_step is not None and q.arrive_at_step is not None and r.arrived_at_step > q.arrive_at_step:
+    late = r.arrived_at_step is not None and q.arrive_at_step is not None and r.arrived_at_step > q.arrive_at_step
+    if late and not paced:
         bad.append(("arrived later than asked", f"asked for step {q.arrive_at_step}, arrived at {r.arrived_at_step}"))
     if r.arrived_at_step is not None and r.ended_at_step is not None and r.ended_at_step < r.arrived_at_step:
         bad.append(("ended before it arrived", f"arrived at step {r.arrived_at_step}, ended at {r.ended_at_step}"))
