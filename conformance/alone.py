@@ -25,9 +25,10 @@ the KV it read, for a cache hit) is sent again after a reset, under its configur
 order, so only the identities differ) —, the failing request named "probe" in both (`context_probes`).
 Whole it fails and under one identity it passes: the finding needed another identity in its batch, and
 its signature says so (conformance.signature), so a known LoRA batch-mixing finding no longer waives
-every scheduling bug of an engine. Those probes run before the lone re-sends (a run's analysis keeps the last failure of each check and title, and the lone ones must stay to
-fold what they reproduce); their answers are read from the history, and their failures fold into the
-finding about the request they re-send (`fold`).
+every scheduling bug of an engine. Those probes run before the lone re-sends (a run's analysis keeps the
+last failure of each check and title, and the lone ones must stay to fold what they reproduce); their
+answers are read from the history, and their failures fold into the finding about the request they
+re-send (`fold`).
 """
 
 from __future__ import annotations
