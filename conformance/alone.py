@@ -150,12 +150,17 @@ def _probe_wrong(history: History, ex: Example) -> bool | None:
     return None
 
 
-def about(history: History, failure: Any) -> tuple[int, Any] | None:
-    """The (example, request id) a failure is about: a context probe's, the request it re-sends (a run's
-    analysis keeps the last failure of each check and title, so a probe's may be all that is left)."""
-    probe = next((e for e in history.examples if e.index == failure.example and (e.rebatch or e.kin)), None)
-    if probe is not None:
-        return (probe.rebatch or probe.kin)[0]
+def _resent(history: History) -> dict[int, tuple[int, str]]:
+    """Context probe example -> the (example, request id) it re-sends."""
+    return {ex.index: (ex.rebatch or ex.kin)[0] for ex in history.examples if ex.rebatch or ex.kin}
+
+
+def about(resent: Mapping[int, tuple[int, str]], failure: Any) -> tuple[int, Any] | None:
+    """The (example, request id) a failure is about: a context probe's, the request it re-sends (`resent`:
+    `_resent(history)`; a run's analysis keeps the last failure of each check and title, so a probe's may be
+    all that is left)."""
+    if failure.example in resent:
+        return resent[failure.example]
     req = failure.witness.get("request")
     return (failure.example, req.get("id")) if isinstance(req, Mapping) else None
 
@@ -165,7 +170,7 @@ def needed_another_identity(history: History, finding: Any) -> bool:
     whole, its answer was wrong again; under one identity, right? Read from the probes' own answers (a
     run's analysis keeps one failure per check and title, the last, so a finding may be shown by a probe:
     it is then about the request the probe re-sends)."""
-    pair = about(history, finding.failure)
+    pair = about(_resent(history), finding.failure)
     whole = [_probe_wrong(history, e) for e in history.examples if e.rebatch and pair in e.rebatch]
     kin = [_probe_wrong(history, e) for e in history.examples if e.kin and pair in e.kin]
     return bool(whole) and bool(kin) and all(x is True for x in whole) and all(x is False for x in kin)
@@ -189,43 +194,33 @@ def fold(history: History, findings: list[Any], merge: Any, merge_context: Any) 
     """Each finding about a request that a lone re-send reproduced, folded into the lone request's own
     finding (`merge(lone, other)` builds the merged one). A lone re-send that passed folds nothing: its
     context was needed, and the finding stays as it was found."""
-    findings = _fold_context(history, findings, merge_context)
-    resent = {ex.index: ex.alone for ex in history.examples if ex.alone}
-    lone_of: dict[tuple[int, str], int] = {}  # (example, request id) -> index in `findings` of the lone finding
-    for i, fd in enumerate(findings):
-        req = fd.failure.witness.get("request")
-        if fd.failure.example in resent and isinstance(req, Mapping) and req.get("id") == "alone":
-            for pair in resent[fd.failure.example]:
-                lone_of.setdefault(pair, i)
-    if not lone_of:
-        return findings
-    merged: dict[int, Any] = {}
-    kept = []
-    for i, fd in enumerate(findings):
-        target = lone_of.get(about(history, fd.failure))
-        if target is None or target == i:
-            kept.append(i)
-            continue
-        merged[target] = merge(merged.get(target, findings[target]), fd)
-    return [merged.get(i, findings[i]) for i in kept]
-
-
-def _fold_context(history: History, findings: list[Any], merge: Any) -> list[Any]:
-    """Each finding shown in a context probe folded into the finding about the request it re-sends
-    (`merge(that, probe's)`), where the run's analysis kept one; else it stays as found."""
-    pairs = {ex.index: (ex.rebatch or ex.kin)[0] for ex in history.examples if ex.rebatch or ex.kin}
-    if not pairs:
-        return findings
-    shown: dict[tuple, int] = {}
+    resent = _resent(history)
+    # first each finding shown in a context probe into the finding about the request it re-sends, where
+    # the run's analysis kept one (`merge_context(that, probe's)`)
+    found_about: dict[tuple, int] = {}
     for i, fd in enumerate(findings):
         for f in (fd.failure, *fd.failures):
             req = f.witness.get("request")
-            if isinstance(req, Mapping) and f.example not in pairs:
-                shown.setdefault((f.example, req.get("id")), i)
+            if isinstance(req, Mapping) and f.example not in resent:
+                found_about.setdefault((f.example, req.get("id")), i)
+    findings = _merge_into(findings, lambda fd: found_about.get(resent.get(fd.failure.example)), merge_context)
+    lone = {ex.index: ex.alone for ex in history.examples if ex.alone}
+    lone_of: dict[tuple[int, str], int] = {}  # (example, request id) -> index in `findings` of the lone finding
+    for i, fd in enumerate(findings):
+        req = fd.failure.witness.get("request")
+        if fd.failure.example in lone and isinstance(req, Mapping) and req.get("id") == "alone":
+            for pair in lone[fd.failure.example]:
+                lone_of.setdefault(pair, i)
+    return _merge_into(findings, lambda fd: lone_of.get(about(resent, fd.failure)), merge)
+
+
+def _merge_into(findings: list[Any], target_of: Any, merge: Any) -> list[Any]:
+    """Each finding whose `target_of(finding)` names another's index merged into that one (`merge(target,
+    finding)`), the rest kept in order."""
     merged: dict[int, Any] = {}
     kept = []
     for i, fd in enumerate(findings):
-        target = shown.get(pairs[fd.failure.example]) if fd.failure.example in pairs else None
+        target = target_of(fd)
         if target is None or target == i:
             kept.append(i)
             continue
