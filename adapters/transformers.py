@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from adapters import checkpoint_info, landmark_search, transformers_timeline, transformers_versions
+from adapters import checkpoint_info, landmark_search, timeline_driver, transformers_timeline, transformers_versions
 from adapters.landmarks import shipped_landmarks
 from adapters.engine_args import choice_arg, engine_arguments, parse
 from adapters.transformers_args import MODES, TransformersArgs
@@ -309,7 +309,7 @@ class TransformersAdapter:
         gc_cls = self._tf.GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-        if any(r.arrive_at_step is not None or r.abort_after is not None for r in requests):
+        if timeline_driver.has_timeline(requests):
             return self._run_timeline(requests, gc_cls, ContinuousBatchingConfig)
         results: dict[str, Result] = {}
         groups: dict[tuple, list[Request]] = {}

@@ -2,14 +2,8 @@
 
 `LLM.generate` submits a whole batch before the first step and runs it to its end, so nothing can arrive
 while another request is mid-prefill and nothing can be aborted. vLLM's `LLMEngine` can do both between
-`step()` calls (`add_request`, `abort_request`), as its serving front end does; this module holds that
-loop, as the reference engine's timeline driver does (reference_engine/timeline.py), with the same rules:
-
-- arrival: a request with `arrive_at_step = k` is added once k steps have returned (None or 0: before
-  the first); an idle engine does not make it wait (it is added at once and records the earlier step).
-- abort: a live request with `abort_after = n` is aborted after the first step at whose end it holds at
-  least n output tokens (n = 0: after the first step since it arrived). A step may bring several tokens
-  (accepted drafts), so an abort may find more than n; a request that finished first keeps its finish.
+`step()` calls (`add_request`, `abort_request`), as its serving front end does; this module gives it to
+the shared driver (adapters/timeline_driver.py: the rules of arrival and abort).
 
 A step here is one `LLMEngine.step()` that returned, the unit a front end sees. With vLLM's engine core in
 its own process (the default), the core may run more than one forward pass per front-end step: arrivals
@@ -24,8 +18,10 @@ from typing import Any, Sequence
 
 import attrs
 
-from conformance.contract import EngineError, Request
+from adapters.timeline_driver import drive, has_timeline
+from conformance.contract import Request
 
+__all__ = ["Stepped", "has_timeline", "run_timeline"]
 _IDS = itertools.count()
 
 
@@ -39,43 +35,48 @@ class Stepped:
     ended_at_step: int | None = None
 
 
-def has_timeline(part: Sequence[Request]) -> bool:
-    return any(q.arrive_at_step is not None or q.abort_after is not None for q in part)
+class _Engine:
+    """An `LLMEngine` as a `timeline_driver.Stepper`, keeping each request's last (cumulative) output."""
+
+    def __init__(self, engine: Any, prompts: Sequence[Any], params: Sequence[Any], loras: Sequence[Any]) -> None:
+        self.engine, self.prompts, self.params, self.loras = engine, prompts, params, loras
+        self.ids: dict[int, str] = {}
+        self.ours: dict[str, int] = {}
+        self.outputs: dict[int, Any] = {}
+        self.closed: set[int] = set()  # finished or aborted: later outputs are not theirs to keep
+
+    def add(self, j: int) -> None:
+        rid = f"kvparity-{next(_IDS)}"
+        internal = self.engine.add_request(rid, self.prompts[j], self.params[j], lora_request=self.loras[j])
+        # outputs name the id given (later vLLM adds a random suffix inside and returns that): both map back
+        self.ids[j], self.ours[rid], self.ours[internal] = rid, j, j
+
+    def step(self) -> list[int]:
+        finished = []
+        for o in self.engine.step():
+            j = self.ours.get(o.request_id)
+            if j is None or j in self.closed:
+                continue
+            self.outputs[j] = o
+            if o.finished:
+                finished.append(j)
+                self.closed.add(j)
+        return finished
+
+    def held(self, j: int) -> int:
+        o = self.outputs.get(j)
+        return len(o.outputs[0].token_ids) if o is not None and o.outputs else 0
+
+    def abort(self, j: int) -> None:
+        self.engine.abort_request([self.ids[j]])
+        self.closed.add(j)
 
 
 def run_timeline(engine: Any, part: Sequence[Request], prompts: Sequence[Any], params: Sequence[Any],
                  loras: Sequence[Any], max_steps: int = 100_000) -> list[Stepped]:
     """Drive `engine` (an `LLMEngine`) through `part` along its timeline; one `Stepped` per request, in
     batch order. `params` must ask for cumulative outputs (the `SamplingParams` default)."""
-    state = [Stepped() for _ in part]
-    pending = sorted(range(len(part)), key=lambda j: part[j].arrive_at_step or 0)  # stable within a step
-    vllm_id: dict[int, str] = {}
-    ours: dict[str, int] = {}
-    step = 0
-    while pending or any(s.arrived_at_step is not None and s.ended_at_step is None for s in state):
-        while pending and ((part[pending[0]].arrive_at_step or 0) <= step or not engine.has_unfinished_requests()):
-            j = pending.pop(0)
-            rid = f"kvparity-{next(_IDS)}"
-            internal = engine.add_request(rid, prompts[j], params[j], lora_request=loras[j])
-            # outputs name the id given (later vLLM adds a random suffix inside and returns that): both map back
-            vllm_id[j], ours[rid], ours[internal], state[j].arrived_at_step = rid, j, j, step
-        outputs = engine.step()
-        step += 1
-        if step > max_steps:
-            raise EngineError(f"vLLM took more than {max_steps} steps for a batch of {len(part)}")
-        for o in outputs:
-            j = ours.get(o.request_id)
-            if j is None or state[j].ended_at_step is not None:
-                continue
-            state[j].output = o
-            if o.finished:
-                state[j].ended_at_step = step
-        for j, q in enumerate(part):
-            s = state[j]
-            if q.abort_after is None or s.arrived_at_step is None or s.ended_at_step is not None:
-                continue
-            held = len(s.output.outputs[0].token_ids) if s.output is not None and s.output.outputs else 0
-            if held >= q.abort_after and (q.abort_after > 0 or step > s.arrived_at_step):
-                engine.abort_request([vllm_id[j]])
-                s.aborted, s.ended_at_step = True, step
-    return state
+    stepper = _Engine(engine, prompts, params, loras)
+    ended = drive(part, stepper, "vLLM", max_steps)
+    return [Stepped(stepper.outputs.get(j), e.aborted, e.arrived_at_step, e.ended_at_step)
+            for j, e in enumerate(ended)]
