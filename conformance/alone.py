@@ -25,10 +25,9 @@ the KV it read, for a cache hit) is sent again after a reset, under its configur
 order, so only the identities differ) —, the failing request named "probe" in both (`context_probes`).
 Whole it fails and under one identity it passes: the finding needed another identity in its batch, and
 its signature says so (conformance.signature), so a known LoRA batch-mixing finding no longer waives
-every scheduling bug of an engine. Those probes run before the lone re-sends (a run's analysis keeps the
-last failure of each check and title, and the lone ones must stay to fold what they reproduce); their
-answers are read from the history, and their failures fold into the finding about the request they
-re-send (`fold`).
+every scheduling bug of an engine. Their answers are read from the history; they are not judged (a
+run's analysis keeps the last failure of each check and title, and theirs would displace the run's own:
+conformance.analysis).
 """
 
 from __future__ import annotations
@@ -139,7 +138,7 @@ def _context(ex: Example, b: BatchRecord, q: Request) -> list[BatchRecord]:
     return [b] if first is None or first is b else [first, b]
 
 
-def _probe_wrong(history: History, ex: Example) -> bool | None:
+def probe_wrong(history: History, ex: Example) -> bool | None:
     """Did the probe request of a context probe answer other than plain decoding (None: no answer)?"""
     for b in ex.batches:
         for q, r in zip(b.requests, b.results):
@@ -150,29 +149,13 @@ def _probe_wrong(history: History, ex: Example) -> bool | None:
     return None
 
 
-def _resent(history: History) -> dict[int, tuple[int, str]]:
-    """Context probe example -> the (example, request id) it re-sends."""
-    return {ex.index: (ex.rebatch or ex.kin)[0] for ex in history.examples if ex.rebatch or ex.kin}
-
-
-def about(resent: Mapping[int, tuple[int, str]], failure: Any) -> tuple[int, Any] | None:
-    """The (example, request id) a failure is about: a context probe's, the request it re-sends (`resent`:
-    `_resent(history)`; a run's analysis keeps the last failure of each check and title, so a probe's may be
-    all that is left)."""
-    if failure.example in resent:
-        return resent[failure.example]
-    req = failure.witness.get("request")
-    return (failure.example, req.get("id")) if isinstance(req, Mapping) else None
-
-
 def needed_another_identity(history: History, finding: Any) -> bool:
     """Did the context probes of the finding's request say it needs another identity in its batch: re-sent
-    whole, its answer was wrong again; under one identity, right? Read from the probes' own answers (a
-    run's analysis keeps one failure per check and title, the last, so a finding may be shown by a probe:
-    it is then about the request the probe re-sends)."""
-    pair = about(_resent(history), finding.failure)
-    whole = [_probe_wrong(history, e) for e in history.examples if e.rebatch and pair in e.rebatch]
-    kin = [_probe_wrong(history, e) for e in history.examples if e.kin and pair in e.kin]
+    whole, its answer was wrong again; under one identity, right? Read from the probes' own answers."""
+    req = finding.failure.witness.get("request")
+    pair = (finding.failure.example, req.get("id") if isinstance(req, Mapping) else None)
+    whole = [probe_wrong(history, e) for e in history.examples if e.rebatch and pair in e.rebatch]
+    kin = [probe_wrong(history, e) for e in history.examples if e.kin and pair in e.kin]
     return bool(whole) and bool(kin) and all(x is True for x in whole) and all(x is False for x in kin)
 
 
@@ -190,37 +173,24 @@ def run_probes(runner: Any, history: History, findings: Sequence[Any], examples:
     return examples
 
 
-def fold(history: History, findings: list[Any], merge: Any, merge_context: Any) -> list[Any]:
+def fold(history: History, findings: list[Any], merge: Any) -> list[Any]:
     """Each finding about a request that a lone re-send reproduced, folded into the lone request's own
     finding (`merge(lone, other)` builds the merged one). A lone re-send that passed folds nothing: its
     context was needed, and the finding stays as it was found."""
-    resent = _resent(history)
-    # first each finding shown in a context probe into the finding about the request it re-sends, where
-    # the run's analysis kept one (`merge_context(that, probe's)`)
-    found_about: dict[tuple, int] = {}
-    for i, fd in enumerate(findings):
-        for f in (fd.failure, *fd.failures):
-            req = f.witness.get("request")
-            if isinstance(req, Mapping) and f.example not in resent:
-                found_about.setdefault((f.example, req.get("id")), i)
-    findings = _merge_into(findings, lambda fd: found_about.get(resent.get(fd.failure.example)), merge_context)
-    lone = {ex.index: ex.alone for ex in history.examples if ex.alone}
+    resent = {ex.index: ex.alone for ex in history.examples if ex.alone}
     lone_of: dict[tuple[int, str], int] = {}  # (example, request id) -> index in `findings` of the lone finding
     for i, fd in enumerate(findings):
         req = fd.failure.witness.get("request")
-        if fd.failure.example in lone and isinstance(req, Mapping) and req.get("id") == "alone":
-            for pair in lone[fd.failure.example]:
+        if fd.failure.example in resent and isinstance(req, Mapping) and req.get("id") == "alone":
+            for pair in resent[fd.failure.example]:
                 lone_of.setdefault(pair, i)
-    return _merge_into(findings, lambda fd: lone_of.get(about(resent, fd.failure)), merge)
-
-
-def _merge_into(findings: list[Any], target_of: Any, merge: Any) -> list[Any]:
-    """Each finding whose `target_of(finding)` names another's index merged into that one (`merge(target,
-    finding)`), the rest kept in order."""
+    if not lone_of:
+        return findings
     merged: dict[int, Any] = {}
     kept = []
     for i, fd in enumerate(findings):
-        target = target_of(fd)
+        req = fd.failure.witness.get("request")
+        target = lone_of.get((fd.failure.example, req.get("id"))) if isinstance(req, Mapping) else None
         if target is None or target == i:
             kept.append(i)
             continue

@@ -88,8 +88,11 @@ def analyse(history: History, names: Sequence[str] | None = None,
     interrupted run) is an error whatever the checks say: they are still run, for information.
 
     `known`: example index -> check -> the result a live run already computed for that example
-    (`example_verdicts`); those are reused, not computed again."""
+    (`example_verdicts`); those are reused, not computed again. A context probe's examples
+    (conformance.alone) are a question asked of the engine, not judged: their answers sign a finding, and
+    their failures would displace the run's own (one failure is kept per check and title, the last)."""
     chosen = select_checks(names)
+    history = attrs.evolve(history, examples=[ex for ex in history.examples if not (ex.kin or ex.rebatch)])
     incomplete = history.incomplete()
     out = Analysis(errors=list(history.errors) + ([incomplete] if incomplete else []))
     known = known or {}

@@ -245,15 +245,6 @@ def _merge_alone(lone: RootCause, other: RootCause) -> RootCause:
                      lone.failures + other.failures, lone.count + other.count, lone.reasons + (why,))
 
 
-def _merge_context(found: RootCause, probe: RootCause) -> RootCause:
-    """A finding and what its context probe (conformance.alone) saw: the finding as found, the probe's
-    failures added (the signature reads which probe failed)."""
-    why = (f"its batch, sent again after a reset in example {probe.failure.example} (a context probe), failed "
-           f"again under {probe.check}")
-    return RootCause(found.check, found.title, found.failure, tuple(dict.fromkeys(found.seen_by + probe.seen_by)),
-                     found.failures + probe.failures, found.count + probe.count, found.reasons + (why,))
-
-
 def group(history: History, analysis: Analysis) -> list[RootCause]:
     """The run's failures as findings, the one that shows the bug most directly first
     (`conformance.finding_order`: shortest witness, a difference from plain decoding before a pair
@@ -266,7 +257,7 @@ def group(history: History, analysis: Analysis) -> list[RootCause]:
     support = mechanism_support(history)
     findings = [_root(history, fs, [c for c in chosen if c in failed or c in {x.check for x in fs}], support)
                 for fs in roots.values()]
-    findings = alone.fold(history, findings, _merge_alone, _merge_context)
+    findings = alone.fold(history, findings, _merge_alone)
     folded: dict[tuple, RootCause] = {}
     for fd in findings:
         sig = _signature(fd)

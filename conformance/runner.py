@@ -242,8 +242,7 @@ def _run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler]
             examples = hunt.rerun_witnesses(runner, examples)
         if not builder.history.errors and _any_failed(known):  # each failing request alone (conformance.alone)
             findings = group(builder.history, analyse(builder.history, names, known))
-            # where a batch held another identity, was it needed; then each failing request alone, last
-            # (a run's analysis keeps the last failure of each check and title: the lone ones fold the rest)
+            # where a batch held another identity, was it needed; then each failing request alone
             examples = alone.run_probes(runner, builder.history, findings, examples, alone.context_probes)
             if not builder.history.errors:
                 examples = alone.run_probes(runner, builder.history, findings, examples)

@@ -16,6 +16,7 @@ import json
 import attrs
 
 from adapters.reference import ReferenceAdapter
+from conformance.alone import probe_wrong
 from conformance.run_config import RunConfig
 from conformance.runner import run_suite
 from test_conformance_checks import Crafted
@@ -49,11 +50,11 @@ def _findings(engine, tmp_path):
                                       database_dir=tmp_path / "db", max_shrink_seconds=20))
     assert out.verdict == "fail"
     probes = [ex for ex in out.history.examples if ex.kin or ex.rebatch]
-    return json.loads((out.run_dir / "results.json").read_text())["findings"], probes
+    return json.loads((out.run_dir / "results.json").read_text())["findings"], probes, out.history
 
 
 def test_a_bug_about_identities_signs_with_another_identity_in_its_batch(tmp_path):
-    findings, probes = _findings(FakeLoraMixing(), tmp_path)
+    findings, probes, _ = _findings(FakeLoraMixing(), tmp_path)
     assert probes
     for ex in probes:  # re-sent whole its batch holds another identity; under `kin` every request has one
         identities = {q.identity for b in ex.batches for q in b.requests}
@@ -63,11 +64,11 @@ def test_a_bug_about_identities_signs_with_another_identity_in_its_batch(tmp_pat
 
 
 def test_a_batching_bug_signs_without_it(tmp_path):
-    findings, probes = _findings(FakeSecondInBatchShort(), tmp_path)
+    findings, probes, history = _findings(FakeSecondInBatchShort(), tmp_path)
     assert probes  # its batch held another identity's request, and under one identity it failed again
     signed = [fd["signature"]["mechanism"] for fd in findings]
     assert not any("another identity" in m for m in signed), signed
-    assert any("a context probe" in why for fd in findings for why in fd["reasons"])
+    assert any(probe_wrong(history, ex) for ex in probes if ex.kin)
 
 
 def test_the_probe_marks_are_read_as_untrusted_data():

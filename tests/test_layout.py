@@ -16,7 +16,8 @@ ADAPTERS = REPO / "adapters"
 
 # Modules directly in adapters/ that are not an engine: helpers the engine modules share. Keep it short;
 # a command goes to kvparity/commands/, a probe to adapters/probes/.
-SHARED_HELPERS = {"engine_args", "reference_oracle", "checkpoint_info", "landmarks", "landmark_search", "gguf_export"}
+SHARED_HELPERS = {"engine_args", "reference_oracle", "checkpoint_info", "landmarks", "landmark_search", "gguf_export",
+                  "timeline_driver"}
 ROLE_PACKAGES = {"probes"}
 SCRIPTS = {"thirdparty.sh"}  # runs the vLLM adapters' third-party suites in their own venv
 COMMANDS = REPO / "kvparity" / "commands"
