@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="ci", help="suite profile")
     ap.add_argument("--repeats", type=int, default=2, help="runs (the first pays imports and caches)")
     ap.add_argument("--cprofile", type=int, default=0, help="print the N most expensive functions (0: none)")
+    ap.add_argument("--sort", default="cumulative", help="cProfile order: cumulative or tottime")
     args = ap.parse_args(argv)
 
     from fake_engine import FakeDictEngine  # the suite's FAKE engine, for measuring the suite itself
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
               f"wall {wall:.2f} s, CPU {cpu:.2f} s: {requests / cpu:.0f} requests per CPU second; "
               f"engine {calls.busy_s / wall:.1%} of the wall time")
     if profiler:
-        pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(args.cprofile)
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats(args.sort).print_stats(args.cprofile)
     return 0
 
 

@@ -92,7 +92,8 @@ def analyse(history: History, names: Sequence[str] | None = None,
     (conformance.alone) are a question asked of the engine, not judged: their answers sign a finding, and
     their failures would displace the run's own (one failure is kept per check and title, the last)."""
     chosen = select_checks(names)
-    history = attrs.evolve(history, examples=[ex for ex in history.examples if not (ex.kin or ex.rebatch)])
+    if any(ex.kin or ex.rebatch for ex in history.examples):  # else the same object: coverage is cached by it
+        history = attrs.evolve(history, examples=[ex for ex in history.examples if not (ex.kin or ex.rebatch)])
     incomplete = history.incomplete()
     out = Analysis(errors=list(history.errors) + ([incomplete] if incomplete else []))
     known = known or {}

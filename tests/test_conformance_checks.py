@@ -323,6 +323,17 @@ def test_accounting_passes_consistent_results():
     assert h.status("accounting") == "pass"
 
 
+def test_accounting_fails_a_request_alone_in_the_engine_reported_preempted():
+    h = Crafted().batch((req("a", P, 3), res("a", [1, 2, 5], preempted=True)))
+    assert "a request alone in the engine reported preempted" in {f.title for f in h.failures("accounting")}
+
+
+def test_accounting_passes_preemption_among_several_requests():
+    h = Crafted().batch((req("a", P, 3), res("a", [1, 2, 5], preempted=True)),
+                        (req("b", P, 3), res("b", [1, 2, 5], preempted=False)))
+    assert h.status("accounting") == "pass"
+
+
 # ---------------------------------------------------------------- rollback hygiene
 
 AT_REST = {"blocks_in_use": 0, "provisional_live": 0, "refcounts_ok": True, "free_blocks": 60,

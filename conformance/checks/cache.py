@@ -105,8 +105,17 @@ def accounting(h: History, f: CheckRecorder) -> CheckResult:
                        f"configuration, was refused ({r.extra.get('refusal', 'no reason given')}).",
                        {"batch": b.index, "request": request_json(q), "finish_reason": r.finish_reason,
                         "limit": limit})
+        alone = len(b.requests) == 1
         for i, q, r in b.pairs():
             f.stats["results"] += 1
+            if alone and r.preempted:
+                # Preemption takes KV from one running request to give it to another; a request alone in
+                # the engine has nobody to yield to. Coverage counts reported preemptions, so a false one
+                # would also claim a situation the run never reached.
+                f.fail(b.example, "a request alone in the engine reported preempted",
+                       f"Request {q.id} ran alone ({len(q.prompt)} prompt tokens, max_tokens {q.max_tokens}, "
+                       f"answered within the declared limits) and was reported preempted.",
+                       {"batch": b.index, "request": request_json(q), "preempted": True})
             for title, detail in _accounting_problems(q, r, eos):
                 f.fail(b.example, title, f"Request {q.id}: {detail} (finish_reason {r.finish_reason!r}, "
                        f"{len(r.output)} output tokens, max_tokens {q.max_tokens}).",
