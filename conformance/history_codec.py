@@ -20,6 +20,7 @@ from conformance.contract import Baseline, Capabilities, Identity, Request, Resu
 from conformance.knobs import LEGACY_KNOB_MAPS, Knob
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_NUMBERS = frozenset({int, float})
 
 
 @functools.cache
@@ -36,7 +37,8 @@ def encode(obj: Any) -> Any:
     if t in _SCALARS:
         return obj
     if t is tuple or t is list:
-        return list(obj) if all(type(v) is int for v in obj) else [encode(v) for v in obj]
+        # token lists, top-2 rows and (id, logprob) pairs: flat numbers, copied as they are
+        return list(obj) if all(type(v) in _NUMBERS for v in obj) else [encode(v) for v in obj]
     names = _attrs_fields(t)
     if names is not None:
         return {n: encode(getattr(obj, n)) for n in names}
