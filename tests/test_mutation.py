@@ -138,3 +138,17 @@ def test_the_claims_score_leaves_out_only_survivors_that_differ_in_counts_no_cla
     assert t["survivor"] == 2 and t["survivor-free-counts"] == 1 and t["equivalent"] == 1
     assert score(t) == 8 / 10 and claims_score(t) == 8 / 9
     assert claims_score(tally([row("survived-suite", "survivor", ["output"])])) == 0.0
+
+
+def _obs(finish: str, free: bool, cached: int | None = 0) -> list[dict]:
+    row = {"request_id": "r0", "output": [] if finish == "refused" else [7], "finish_reason": finish,
+           "cached_tokens": cached}
+    return [{"results": [{**row, "free": True} if free else row], "snapshot": None}]
+
+
+def test_a_refusal_past_the_declared_limits_is_no_difference_but_one_within_them_is():
+    # Past the limits the contract lets an engine refuse or answer exactly: either is conformant.
+    assert differ.first_difference(_obs("length", True), _obs("refused", True)) is None
+    # Within them a refusal is a wrong answer, and past them an answer still has to be the same answer.
+    assert differ.first_difference(_obs("length", False), _obs("refused", False)) is not None
+    assert differ.first_difference(_obs("length", True), _obs("length", True, cached=16)) is not None

@@ -92,7 +92,8 @@ def _accounting_problems(q: Request, r: Result, eos: int | None) -> list[tuple[s
 @check(title="reported counts are consistent with outputs", severity=Severity.MEDIUM, bug_class="E")
 def accounting(h: History, f: CheckRecorder) -> CheckResult:
     """Reported cached/accepted counts and finish reasons are consistent with outputs and each other;
-    a request within the engine's declared limits is never refused."""
+    a request within the engine's declared limits is never refused; a request alone in the engine is never
+    reported preempted."""
     eos = h.capabilities.eos_id if h.capabilities else None
     for b in h.batches():
         for i, q, r in b.pairs(refused=True):

@@ -7,7 +7,9 @@ differing scenario is its evidence.
 What is compared is what the suite could see: every batch's results (output, finish reason and the
 reported counts: cached tokens, drafts proposed and accepted, evictions, prefill chunks, preempted),
 whether a step failed and with which exception; in white-box mode also every snapshot. Not compared:
-timings and the adapter's free-form `extra` (no check reads them).
+timings and the adapter's free-form `extra` (no check reads them), and whether a request past the
+engine's declared limits was refused or answered (the contract allows either; an answer is still compared
+with an answer).
 
 The engine runs in a subprocess (`python -m kvparity.commands.mutate.differ IN OUT`) whose PYTHONPATH
 puts the mutant's reference_engine/ first; the unmutated engine's observations are computed once per
@@ -100,7 +102,7 @@ def observe(engine_kwargs: Mapping[str, str], scenarios: Sequence[Sequence[Mappi
         if time.monotonic() - start > deadline_s or calls.abandoned:
             out.append(None)
             continue
-        writer = HistoryWriter(None)
+        writer, caps = HistoryWriter(None), None
         try:
             adapter = ReferenceAdapter(**engine_kwargs)
             caps = adapter.capabilities()
@@ -110,17 +112,28 @@ def observe(engine_kwargs: Mapping[str, str], scenarios: Sequence[Sequence[Mappi
             pass  # recorded as an `error` event
         except Exception as exc:  # noqa: BLE001 - a mutant that breaks the adapter itself
             writer.events.append({"event": "error", "cause": f"{type(exc).__name__}: {exc}"})
-        out.append(_observations(writer.events))
+        out.append(_observations(writer.events, caps))
     calls.close()
     return out
 
 
-def _observations(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    seen = []
+def _observations(events: Sequence[Mapping[str, Any]], caps: Any = None) -> list[dict[str, Any]]:
+    """What the suite could see, step by step. A result whose request lies past the limits the engine
+    declares for the configuration in effect is marked `free`: the contract lets such a request be
+    refused or answered exactly, so a refusal on one side and an answer on the other is no difference."""
+    seen, config, submitted = [], {}, []
     for ev in events:
-        if ev["event"] == "batch":
-            seen.append({"results": [{k: r.get(k) for k in RESULT_FIELDS} for r in ev["results"]],
-                         "snapshot": ev.get("snapshot")})
+        if ev["event"] == "config":
+            config = ev.get("config") or {}
+        elif ev["event"] == "submit":
+            submitted = ev.get("requests") or []
+        elif ev["event"] == "batch":
+            limit = caps.context_limit(config) if caps is not None and caps.refuses else None
+            rows = [{k: r.get(k) for k in RESULT_FIELDS} for r in ev["results"]]
+            for row, q in zip(rows, submitted):
+                if limit is not None and len(q.get("prompt") or ()) + int(q.get("max_tokens") or 0) > limit:
+                    row["free"] = True
+            seen.append({"results": rows, "snapshot": ev.get("snapshot")})
         elif ev["event"] == "reset":
             seen.append({"reset": ev.get("snapshot")})
         elif ev["event"] == "error":
@@ -134,12 +147,26 @@ def _strip_cause(obs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in o.items() if k != "cause"} for o in obs]
 
 
+def _same_result(x: Mapping[str, Any], y: Mapping[str, Any]) -> bool:
+    """Equal, or a request past the declared limits refused on one side and answered on the other."""
+    if x.get("free") and y.get("free") and "refused" in (x.get("finish_reason"), y.get("finish_reason")):
+        return True
+    return x == y
+
+
+def _same(x: Mapping[str, Any] | None, y: Mapping[str, Any] | None) -> bool:
+    if x is None or y is None or set(x) != set(y) or "results" not in x:
+        return x == y
+    return (len(x["results"]) == len(y["results"]) and x.get("snapshot") == y.get("snapshot")
+            and all(_same_result(a, b) for a, b in zip(x["results"], y["results"])))
+
+
 def first_difference(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The first step at which two observation lists differ: {step, unmutated, mutant}; None if equal."""
     sa, sb = _strip_cause(a), _strip_cause(b)
     for i in range(max(len(sa), len(sb))):
         x, y = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
-        if (sa[i] if i < len(sa) else None) != (sb[i] if i < len(sb) else None):
+        if not _same(sa[i] if i < len(sa) else None, sb[i] if i < len(sb) else None):
             return {"observation": i, "unmutated": x, "mutant": y}
     return None
 
