@@ -13,6 +13,8 @@ its own (its own example database):
   of one, so examples per second should double.
 
 Run it at rest: on a machine other work is using, the second core is not free and the speed-up says so.
+Each shard pays a fixed start and the merge re-judges every example, so the speed-up grows with the
+campaign: `--examples 1000` (a nightly campaign's size) is the figure docs/running.md quotes.
 The shards of a ci campaign run a fixed stream each (conformance.shards), but coverage completion adds
 examples where a shard left a situation unreached, so the example counts are printed beside the times.
 """
