@@ -114,8 +114,8 @@ def accounting(h: History, f: CheckRecorder) -> CheckResult:
                 # the engine has nobody to yield to. Coverage counts reported preemptions, so a false one
                 # would also claim a situation the run never reached.
                 f.fail(b.example, "a request alone in the engine reported preempted",
-                       f"Request {q.id} ran alone ({len(q.prompt)} prompt tokens, max_tokens {q.max_tokens}, "
-                       f"answered within the declared limits) and was reported preempted.",
+                       f"Request {q.id} ran alone ({len(q.prompt)} prompt tokens, max_tokens {q.max_tokens}) and "
+                       f"was reported preempted: with no other request running, nothing could take its KV.",
                        {"batch": b.index, "request": request_json(q), "preempted": True})
             for title, detail in _accounting_problems(q, r, eos):
                 f.fail(b.example, title, f"Request {q.id}: {detail} (finish_reason {r.finish_reason!r}, "
