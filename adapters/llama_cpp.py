@@ -262,7 +262,8 @@ class LlamaCppAdapter:
             top2_logits=self.logits_all, logprobs_k=LOGPROBS_K if self.logits_all else 0, identities=frozenset(idents),
             revisions=("a", "b"), adapters=self.adapters, introspection=False, baseline_mode=False,
             tolerance=self.tolerance, min_hit_prompt=2,
-            knobs=tuple(Knob(k, values, KNOB_ROLES[k]) for k, values in self._config_space().items()),
+            knobs=tuple(Knob(k, values, KNOB_ROLES[k], ("none",) if k == "drafter" else ())
+                        for k, values in self._config_space().items()),
             version=self.version(), landmarks=shipped_landmarks(),  # it serves the shipped family
         )
 

@@ -70,7 +70,7 @@ KNOB_TABLE = (
     # makes an eviction witness small (so it comes before 256: shrinking prefers earlier values). A
     # request cannot be longer than its pool (its context limit).
     Knob("pool_tokens", POOLS, "cache", context_limits={v: v for v in POOLS}),
-    Knob("drafter", ("none", "oracle", "adversarial", "draft", "ngram"), "speculation"),
+    Knob("drafter", ("none", "oracle", "adversarial", "draft", "ngram"), "speculation", off=("none",)),
     Knob("k", (3, 1, 5), "speculation"),
     Knob("chunk_size", ("none", 13, 16), "schedule"),
     Knob("token_budget", (4096, 24), "schedule"),

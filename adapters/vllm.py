@@ -74,6 +74,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 }
 KNOB_ROLES = {"spec": "speculation", "k": "speculation", "max_num_batched_tokens": "schedule",
               "prefix_caching": "cache"}
+OFF = {"spec": ("none",), "prefix_caching": ("false",)}  # the values that switch a knob's mechanism off
 
 
 def speculative_config(spec: str, k: int, draft_folder: str) -> dict[str, Any] | None:
@@ -239,8 +240,7 @@ class VllmAdapter:
     def capabilities(self) -> Capabilities:
         c = self.config
         spec = c["spec"] != "none"
-        knobs = tuple(Knob(k, self.choices[k], KNOB_ROLES[k], ("false",) if k == "prefix_caching" else ())
-                      for k in self.vary)
+        knobs = tuple(Knob(k, self.choices[k], KNOB_ROLES[k], OFF.get(k, ())) for k in self.vary)
         return Capabilities(
             name="vllm", version=self.version, vocab_size=self.info.vocab_size,
             max_context=self.max_context, eos_id=self.info.eos_id, oracle=self._oracle.label,

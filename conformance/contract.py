@@ -261,8 +261,13 @@ class Capabilities:
         legacy = {"config_space": config_space, "knob_roles": knob_roles,
                   "prefix_caching_off": prefix_caching_off, "context_limits": context_limits}
         if any(v is not None for v in legacy.values()):
-            kept = knob_views(_knob_tuple(kwargs.get("knobs", ())))
-            kwargs["knobs"] = knobs_from_maps(**{k: kept[k] if v is None else v for k, v in legacy.items()})
+            before = _knob_tuple(kwargs.get("knobs", ()))
+            kept = knob_views(before)
+            rebuilt = knobs_from_maps(**{k: kept[k] if v is None else v for k, v in legacy.items()})
+            # the maps have no room for a speculation knob's off values: keep them from the knobs
+            spec_off = {k.name: k.off for k in before if k.role == "speculation" and k.off}
+            kwargs["knobs"] = tuple(attrs.evolve(k, off=spec_off[k.name]) if k.role == "speculation" and k.name in spec_off
+                                    else k for k in rebuilt)
         self.__attrs_init__(*args, **kwargs)
 
     @property

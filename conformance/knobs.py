@@ -26,8 +26,11 @@ class Knob:
 
     `values`: what the strategies may configure, the first being what shrinking goes to (the
     declared default). `role`: which claim a difference in it tests, one of KNOB_ROLES (None: undeclared,
-    which `validation.capabilities` refuses). `prefix_caching_off`: the values that switch prefix caching
-    off (the positive control expects no hit under them). `context_limits`: value -> the most tokens
+    which `validation.capabilities` refuses). `off`: the values that switch the mechanism of its role off —
+    prefix caching for a cache knob (the positive control expects no hit under them), speculation for a
+    speculation knob (`exercised` asks every other speculation setting to have drafted); recorded as
+    `prefix_caching_off` before speculation knobs had them, which is why a knob of no role or a schedule
+    role still reads them as prefix caching's. `context_limits`: value -> the most tokens
     (prompt + max_tokens) one request may take under it, for values that hold fewer than `max_context`
     (a KV pool of a few blocks is how an engine is made to evict under short requests, and it cannot
     hold a long one); the strategies keep requests within it."""
@@ -35,8 +38,16 @@ class Knob:
     name: str
     values: tuple[Any, ...] = field(converter=tuple)
     role: str | None = None
-    prefix_caching_off: tuple[Any, ...] = field(default=(), converter=tuple)
+    off: tuple[Any, ...] = field(default=(), converter=tuple)
     context_limits: Mapping[Any, int] = field(factory=dict, converter=_limits)
+
+    @property
+    def prefix_caching_off(self) -> tuple[Any, ...]:
+        return () if self.role == "speculation" else self.off
+
+    def switches_off(self, value: Any) -> bool:
+        """Whether `value` is one of `off` (compared as lower-case text, as configurations are recorded)."""
+        return str(value).lower() in {str(v).lower() for v in self.off}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Knob":
@@ -45,7 +56,8 @@ class Knob:
         values = tuple(d.get("values") or ())
         by_str = {str(v): v for v in values}
         limits = {by_str.get(str(k), k): n for k, n in (d.get("context_limits") or {}).items()}
-        return cls(str(d["name"]), values, d.get("role"), tuple(d.get("prefix_caching_off") or ()), limits)
+        return cls(str(d["name"]), values, d.get("role"), tuple(d.get("off", d.get("prefix_caching_off")) or ()),
+                   limits)
 
 
 def _knob_tuple(knobs: Sequence[Knob | Mapping[str, Any]]) -> tuple[Knob, ...]:

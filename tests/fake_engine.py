@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
 from conformance.contract import Baseline, Capabilities, EosPath, Landmarks, Request, Result
+from conformance.knobs import Knob
 
 BUGS = ("none", "salt_leak", "adapter_leak", "overreport", "phantom", "wrong_after_hit", "spec_wrong",
         "spec_overaccept", "chunk_wrong", "leak_blocks", "no_report", "near_tie", "full_hit", "crash", "hang",
@@ -67,8 +68,8 @@ class FakeDictEngine:
             prefix_caching=True, reports_cached_tokens=True, speculation=True, reports_drafts=True,
             chunked_prefill=True, evicts=True, identities={"salt", "adapter"}, adapters=("lora1",),
             introspection=True, tolerance=self.tolerance, min_hit_prompt=self.block + 1, version="fake-1",
-            config_space={"spec_k": (0, 2), "chunk": (0, 8), "cache_blocks": (256, 6)},
-            knob_roles={"spec_k": "speculation", "chunk": "schedule", "cache_blocks": "cache"},
+            knobs=(Knob("spec_k", (0, 2), "speculation", off=(0,)), Knob("chunk", (0, 8), "schedule"),
+                   Knob("cache_blocks", (256, 6), "cache")),
             landmarks=fake_landmarks())
 
     def configure(self, config: Mapping[str, Any]) -> None:

@@ -378,12 +378,12 @@ def test_rollback_hygiene_skipped_without_introspection():
 # ---------------------------------------------------------------- exercised (vacuity guard)
 
 
-def _busy(leave_out: str | None = None) -> Crafted:
+def _busy(leave_out: str | None = None, caps: Capabilities = CAPS) -> Crafted:
     """A history that exercises every capability CAPS claims and every situation relevant to it
     (conformance/situations.py), one batch each; `leave_out` names a situation whose batch is left out."""
     # eos and same-text situations are relevant to an engine with an eos id and a cache, landmarks or
     # not (issue 28.3): the history reaches them, with a same-text pair declared
-    caps = evolve(CAPS, landmarks=Landmarks(same_text=(((50,), (51, 52)),)))
+    caps = evolve(caps, landmarks=Landmarks(same_text=(((50,), (51, 52)),)))
     h = Crafted(caps).config(chunk=8)
     h.batch((req("g", (50,) + P, salt="x"), res("g", [1, 3], "eos")))
     h.batch((req("h", (51, 52) + P, salt="x"), res("h", [1, 3], "eos", cached=4, draft_proposed=2, draft_accepted=1)))
@@ -418,6 +418,26 @@ def test_exercised_inconclusive_when_claims_never_exercised():
     text = " ".join(result.notes)
     for word in ("cached token", "draft", "eviction", "chunked", "identities"):
         assert word in text
+
+
+def test_exercised_asks_every_speculation_setting_served_to_have_drafted():
+    # spec_k=0 is declared off; under spec_k=2 the engine speculates, so a request that decoded past its
+    # first token there with no draft ever proposed leaves that setting unexercised (a drafter silently
+    # off, or a knob the engine ignores, looks exactly like this from outside)
+    caps = evolve(CAPS, knobs=tuple(evolve(k, off=(0,)) if k.name == "spec_k" else k for k in CAPS.knobs))
+    assert caps.prefix_caching_off == {}  # a speculation knob's off values say nothing about the cache
+
+    def run(drafted: int, output=(1, 2)) -> Any:
+        h = _busy(caps=caps).config(spec_k=0, chunk=8).batch((req("n", P), res("n", [1, 2], cached=8)))
+        h.config(spec_k=2, chunk=8).batch((req("s", P), res("s", list(output), cached=8, draft_proposed=drafted)))
+        return analyse(h.history(), ["exercised"]).checks["exercised"]
+
+    assert run(drafted=2).status == "pass"  # and spec_k=0, off, is not asked to draft
+    assert run(drafted=0, output=(1,)).status == "pass"  # one token: no decode step, no chance to draft
+    assert run(drafted=None).status == "pass"  # the engine reports no draft count on that path
+    undrafted = run(drafted=0)
+    assert undrafted.status == "inconclusive"
+    assert any("speculation setting spec_k=2 never proposed a draft" in n for n in undrafted.notes), undrafted.notes
 
 
 def test_exercised_positive_control_exact_repeat_must_hit():

@@ -182,3 +182,18 @@ def test_an_adapters_signature_still_lists_its_engine_arguments_as_the_command_l
     assert (params["salt"].default, params["tolerance"].default, params["k"].default) == ("auto", "auto", 3)
     parsed = OpenAIHttpArgs(serve="kvparity")  # a default is converted like any argument
     assert (parsed.salt, parsed.tolerance, parsed.extra_body, parsed.max_num_batched_tokens) == (None, None, {}, None)
+
+
+def test_a_speculation_knobs_off_values_are_recorded_and_kept_but_are_not_the_caches():
+    drafter = Knob("drafter", ("none", "ngram"), "speculation", ("none",))
+    caps = Capabilities(**SMALL, knobs=(drafter, Knob("prefix", ("true", "false"), "cache", ("false",))))
+    assert caps.prefix_caching_off == {"prefix": ("false",)}
+    recorded = json.loads(json.dumps(encode(caps)))
+    assert capabilities_from(recorded).knobs == caps.knobs
+    # a history written before speculation knobs had off values recorded them as prefix_caching_off
+    legacy = {**recorded, "knobs": [{**{n: v for n, v in k.items() if n != "off"}, "prefix_caching_off": k["off"]}
+                                    for k in recorded["knobs"]]}
+    assert capabilities_from(legacy).knobs[1].off == ("false",)
+    # evolving one of the earlier maps keeps what the maps cannot say
+    assert attrs.evolve(caps, knob_roles={"drafter": "speculation", "prefix": "cache"}).knobs[0].off == ("none",)
+    assert drafter.switches_off("None") and not drafter.switches_off("ngram")

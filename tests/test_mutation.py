@@ -152,3 +152,26 @@ def test_a_refusal_past_the_declared_limits_is_no_difference_but_one_within_them
     # Within them a refusal is a wrong answer, and past them an answer still has to be the same answer.
     assert differ.first_difference(_obs("length", False), _obs("refused", False)) is not None
     assert differ.first_difference(_obs("length", True), _obs("length", True, cached=16)) is not None
+
+
+def test_after_a_refusal_meets_an_answer_only_answers_are_compared():
+    # One engine answered a request past the limits that the other refused: both conformant, and from then
+    # on each holds other KV, so later counts may differ (evictions, cached tokens) but answers may not.
+    def step(finish: str, free: bool, evictions: int, output=(7,)) -> dict:
+        return {"results": [{"request_id": "r", "output": [] if finish == "refused" else list(output),
+                             "finish_reason": finish, "evictions": evictions, **({"free": True} if free else {})}],
+                "snapshot": None}
+
+    unmutated = [step("length", True, 0), step("length", False, 3)]
+    assert differ.first_difference(unmutated, [step("refused", True, 0), step("length", False, 5)]) is None
+    assert differ.first_difference(unmutated, [step("refused", True, 0), step("length", False, 5, (8,))]) == {
+        "observation": 1, "unmutated": unmutated[1], "mutant": step("length", False, 5, (8,))}
+    # The refused request's batch-mates shared the step and the pool with it: their counts may differ too.
+    def pair(finish: str, evictions: int) -> dict:
+        return {"results": step(finish, True, 0)["results"] + step("length", False, evictions)["results"],
+                "snapshot": None}
+
+    assert differ.first_difference([pair("length", 3)], [pair("refused", 5)]) is None
+    # Without that divergence the same count is a difference.
+    assert differ.first_difference([step("length", True, 0), step("length", False, 3)],
+                                   [step("length", True, 0), step("length", False, 5)]) is not None

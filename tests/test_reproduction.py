@@ -63,7 +63,8 @@ def test_a_run_prints_a_seed_whose_command_reruns_the_same_stream(tmp_path):
 def test_a_derandomised_profile_draws_no_seed_and_says_so(tmp_path):
     proc = _kvparity(["run", "--engine", "reference", "--profile", "ci", "--max-examples", "2", "--no-shrink", "-q"],
                      tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # two examples may leave a claim unexercised (e.g. a speculation setting that never drafted): exit 2
+    assert proc.returncode in (0, 2), proc.stdout + proc.stderr
     assert ("reproduce (derandomised (profile ci)): kvparity run --engine reference --profile ci --max-examples 2 "
             "--no-shrink") in proc.stdout.splitlines()
     assert _history(_run_dir(proc.stdout, tmp_path))[0]["seed"] == "derandomised"

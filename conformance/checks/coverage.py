@@ -43,6 +43,8 @@ def exercised(h: History, f: CheckRecorder) -> CheckResult:
         gaps.append("prefix caching claimed but no cached token was ever reported")
     if caps.speculation and caps.reports_drafts and not f.stats["drafts_accepted"]:
         gaps.append("speculation claimed but no draft token was ever accepted")
+    if caps.speculation and caps.reports_drafts:
+        gaps += _undrafted_settings(h, f)
     if caps.evicts and not f.stats["evictions"]:
         gaps.append("eviction claimed but none observed")
     if caps.chunked_prefill and not f.stats["chunked"]:
@@ -72,6 +74,34 @@ def exercised(h: History, f: CheckRecorder) -> CheckResult:
         f.note(gap)
     status = FAIL if f.failures else (INCONCLUSIVE if gaps or not f.stats["results"] else PASS)
     return CheckResult(f.spec.name, status, f.failures, f.notes, dict(f.stats))
+
+
+def _undrafted_settings(h: History, f: CheckRecorder) -> list[str]:
+    """Each speculation setting the run served (the values of the speculation knobs in a configuration,
+    none of them one of the knob's `off` values) must have drafted at least once: the engine declares
+    each as a way to speculate, and a PASS under a setting that never proposed a draft says nothing
+    about it — nor tells a drafter that is silently off, or a knob the engine ignores, from a working
+    one. Only requests that decoded a second token count (the first comes from the prefill, with no
+    draft possible) and that report a draft count (None: the engine does not speculate on that path, or
+    does not say); a setting with none had no chance to draft, or no way to show it, and is not judged."""
+    knobs = [k for k in h.capabilities.knobs if k.role == "speculation"]  # type: ignore[union-attr]
+    served: dict[tuple, int] = {}
+    drafted: set[tuple] = set()
+    for b in h.batches():
+        config = b.config or {}
+        if not knobs or any(k.name not in config or k.switches_off(config[k.name]) for k in knobs):
+            continue  # speculation off, or a setting the history does not name
+        setting = tuple((k.name, config[k.name]) for k in knobs)
+        for r in b.results:
+            if len(r.output) > 1 and r.draft_proposed is not None:
+                served[setting] = served.get(setting, 0) + 1
+                if r.draft_proposed:
+                    drafted.add(setting)
+    f.stats["speculation_settings"] = len(served)
+    return [f"speculation setting {', '.join(f'{k}={v}' for k, v in setting)} never proposed a draft "
+            f"({n} request(s) decoded past their first token under it; a value that means no speculation "
+            f"belongs in its knob's `off`)"
+            for setting, n in served.items() if setting not in drafted]
 
 
 def _positive_control(f: CheckRecorder, h: History) -> None:

@@ -9,7 +9,9 @@ reported counts: cached tokens, drafts proposed and accepted, evictions, prefill
 whether a step failed and with which exception; in white-box mode also every snapshot. Not compared:
 timings and the adapter's free-form `extra` (no check reads them), and whether a request past the
 engine's declared limits was refused or answered (the contract allows either; an answer is still compared
-with an answer).
+with an answer). After such a refusal on one side and answer on the other the two engines hold different
+KV, legitimately, so the rest of that scenario is compared by its answers alone (output, finish reason,
+errors), not by the counts and snapshots that depend on what each engine holds.
 
 The engine runs in a subprocess (`python -m kvparity.commands.mutate.differ IN OUT`) whose PYTHONPATH
 puts the mutant's reference_engine/ first; the unmutated engine's observations are computed once per
@@ -147,26 +149,54 @@ def _strip_cause(obs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in o.items() if k != "cause"} for o in obs]
 
 
-def _same_result(x: Mapping[str, Any], y: Mapping[str, Any]) -> bool:
-    """Equal, or a request past the declared limits refused on one side and answered on the other."""
-    if x.get("free") and y.get("free") and "refused" in (x.get("finish_reason"), y.get("finish_reason")):
+# What a result shows whatever state the engine is in: once the two engines' states have legitimately
+# diverged, only these are still compared.
+ANSWER_FIELDS = ("request_id", "output", "finish_reason")
+
+
+def _latitude(x: Mapping[str, Any], y: Mapping[str, Any]) -> bool:
+    """A request past the declared limits refused on one side and answered on the other."""
+    reasons = (x.get("finish_reason"), y.get("finish_reason"))
+    return bool(x.get("free") and y.get("free")) and "refused" in reasons and reasons[0] != reasons[1]
+
+
+def _same_result(x: Mapping[str, Any], y: Mapping[str, Any], diverged: bool) -> bool:
+    """Equal (after a divergence: the same answer), or the contract's latitude past the declared limits."""
+    if _latitude(x, y):
         return True
-    return x == y
+    return all(x.get(k) == y.get(k) for k in ANSWER_FIELDS) if diverged else x == y
 
 
-def _same(x: Mapping[str, Any] | None, y: Mapping[str, Any] | None) -> bool:
-    if x is None or y is None or set(x) != set(y) or "results" not in x:
+def _same(x: Mapping[str, Any] | None, y: Mapping[str, Any] | None, diverged: bool = False) -> bool:
+    if x is None or y is None:
         return x == y
-    return (len(x["results"]) == len(y["results"]) and x.get("snapshot") == y.get("snapshot")
-            and all(_same_result(a, b) for a, b in zip(x["results"], y["results"])))
+    if diverged and "reset" in x and "reset" in y:
+        return True  # a reset's snapshot holds the counters the divergence legitimately changed
+    if set(x) != set(y) or "results" not in x:
+        return x == y
+    return (len(x["results"]) == len(y["results"]) and (diverged or x.get("snapshot") == y.get("snapshot"))
+            and all(_same_result(a, b, diverged) for a, b in zip(x["results"], y["results"])))
+
+
+def _diverges(x: Mapping[str, Any] | None, y: Mapping[str, Any] | None) -> bool:
+    """Whether the two engines' states legitimately part here: one answered a request the other refused
+    (both conformant), so the KV each holds, and what that batch's other requests and every later one
+    evict, cache, chunk or draft, may differ without either being wrong."""
+    return bool(x and y and "results" in x and "results" in y
+                and any(_latitude(a, b) for a, b in zip(x["results"], y["results"])))
 
 
 def first_difference(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The first step at which two observation lists differ: {step, unmutated, mutant}; None if equal."""
+    """The first step at which two observation lists differ: {step, unmutated, mutant}; None if equal.
+    From the batch where a refusal on one side meets an answer on the other (`_diverges`), the rest of the
+    scenario is compared by its answers only (`ANSWER_FIELDS`, and whether a step failed), not by counts or snapshots."""
     sa, sb = _strip_cause(a), _strip_cause(b)
+    diverged = False
     for i in range(max(len(sa), len(sb))):
         x, y = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
-        if not _same(sa[i] if i < len(sa) else None, sb[i] if i < len(sb) else None):
+        ox, oy = (sa[i] if i < len(sa) else None), (sb[i] if i < len(sb) else None)
+        diverged = diverged or _diverges(ox, oy)  # its batch-mates shared their step budget and pool with it
+        if not _same(ox, oy, diverged):
             return {"observation": i, "unmutated": x, "mutant": y}
     return None
 
