@@ -202,8 +202,9 @@ def check_configs(configs: Iterable[Mapping[str, Any]], space: Mapping[str, Sequ
 
 def _a_knob(k: Any) -> bool:
     """A recorded knob's shape (conformance.knobs.Knob as JSON), before anything reads it."""
+    off = k.get("off", k.get("prefix_caching_off", [])) if isinstance(k, Mapping) else None
     return (isinstance(k, Mapping) and isinstance(k.get("name"), str) and isinstance(k.get("values"), list)
-            and isinstance(k.get("off", k.get("prefix_caching_off", [])), list) and isinstance(k.get("context_limits", {}), Mapping))
+            and isinstance(off, list) and isinstance(k.get("context_limits", {}), Mapping))
 
 
 def recorded_space(caps: Mapping[str, Any], where: str) -> Mapping[str, Any]:

@@ -189,7 +189,8 @@ def _diverges(x: Mapping[str, Any] | None, y: Mapping[str, Any] | None) -> bool:
 def first_difference(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The first step at which two observation lists differ: {step, unmutated, mutant}; None if equal.
     From the batch where a refusal on one side meets an answer on the other (`_diverges`), the rest of the
-    scenario is compared by its answers only (`ANSWER_FIELDS`, and whether a step failed), not by counts or snapshots."""
+    scenario is compared by its answers only (`ANSWER_FIELDS`, and whether a step failed), not by counts
+    or snapshots."""
     sa, sb = _strip_cause(a), _strip_cause(b)
     diverged = False
     for i in range(max(len(sa), len(sb))):
