@@ -264,8 +264,8 @@ class Capabilities:
             before = _knob_tuple(kwargs.get("knobs", ()))
             kept = knob_views(before)
             rebuilt = knobs_from_maps(**{k: kept[k] if v is None else v for k, v in legacy.items()})
-            # the maps have no room for a speculation knob's off values: keep them from the knobs
-            spec_off = {k.name: k.off for k in before if k.role == "speculation" and k.off}
+            # the maps have no room for a speculation knob's off values: keep what the knobs said
+            spec_off = {k.name: k.off for k in before if k.role == "speculation"}
             kwargs["knobs"] = tuple(attrs.evolve(k, off=spec_off[k.name])
                                     if k.role == "speculation" and k.name in spec_off else k for k in rebuilt)
         self.__attrs_init__(*args, **kwargs)

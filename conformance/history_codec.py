@@ -17,7 +17,7 @@ import attrs
 
 from conformance import untrusted
 from conformance.contract import Baseline, Capabilities, Identity, Request, Result
-from conformance.knobs import LEGACY_KNOB_MAPS, Knob
+from conformance.knobs import LEGACY_KNOB_MAPS, OFF_SPELLINGS, Knob
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _NUMBERS = frozenset({int, float})
@@ -104,7 +104,7 @@ def capabilities_from(d: Mapping[str, Any]) -> Capabilities:
         d["prefix_caching_off"] = {k: tuple(v) for k, v in (d.get("prefix_caching_off") or {}).items()}
         if "knob_roles" not in d:  # written before knobs declared their roles
             d["knob_roles"] = {k: legacy_knob_role(k) for k in d["config_space"]}
-            d["prefix_caching_off"] = {k: ("false", "0", "off", "none") for k in d["config_space"]
+            d["prefix_caching_off"] = {k: OFF_SPELLINGS for k in d["config_space"]
                                        if "prefix" in k.lower()}
     known = {a.name for a in attrs.fields(Capabilities)} | set(LEGACY_KNOB_MAPS)
     return Capabilities(**{k: v for k, v in d.items() if k in known})

@@ -12,6 +12,9 @@ from attrs import field, frozen
 # speculation on/off; the cache (size, block size, prefix caching on/off); or scheduling (chunk size,
 # token budget, batch limits, preemption policy).
 KNOB_ROLES = ("speculation", "cache", "schedule")
+# How "off" is spelled: what a history recorded before a knob could say which of its values are off is
+# read with (the oldest guessed prefix caching's this way; speculation knobs before `Knob.off`).
+OFF_SPELLINGS = ("false", "0", "off", "none")
 
 
 def _limits(limits: Mapping[Any, Any] | Sequence[Sequence[Any]] | None) -> dict[Any, int]:
@@ -56,8 +59,17 @@ class Knob:
         values = tuple(d.get("values") or ())
         by_str = {str(v): v for v in values}
         limits = {by_str.get(str(k), k): n for k, n in (d.get("context_limits") or {}).items()}
-        return cls(str(d["name"]), values, d.get("role"), tuple(d.get("off", d.get("prefix_caching_off")) or ()),
-                   limits)
+        off = d["off"] if d.get("off") is not None else legacy_off(d.get("role"), values, d.get("prefix_caching_off"))
+        return cls(str(d["name"]), values, d.get("role"), tuple(off), limits)
+
+
+def legacy_off(role: str | None, values: Sequence[Any], prefix_caching_off: Sequence[Any] | None) -> tuple[Any, ...]:
+    """What a record or an adapter from before `Knob.off` means by off: prefix caching's values, as
+    listed; for a speculation knob, which it had no way to say, its values spelled as off
+    (`OFF_SPELLINGS`: `drafter=none`, `k=0`)."""
+    if role == "speculation":
+        return tuple(v for v in values if str(v).lower() in OFF_SPELLINGS)
+    return tuple(prefix_caching_off or ())
 
 
 def _knob_tuple(knobs: Sequence[Knob | Mapping[str, Any]]) -> tuple[Knob, ...]:
@@ -80,7 +92,7 @@ def knobs_from_maps(config_space: Mapping[str, Sequence[Any]] | None = None,
     for name, values in (config_space or {}).items():
         by_str = {str(v): v for v in values}
         per_value = {by_str.get(str(k), k): n for k, n in (limits.get(name) or {}).items()}
-        knobs.append(Knob(name, values, roles.get(name), off.get(name, ()), per_value))
+        knobs.append(Knob(name, values, roles.get(name), legacy_off(roles.get(name), values, off.get(name)), per_value))
     return tuple(knobs)
 
 

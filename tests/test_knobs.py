@@ -194,6 +194,12 @@ def test_a_speculation_knobs_off_values_are_recorded_and_kept_but_are_not_the_ca
     legacy = {**recorded, "knobs": [{**{n: v for n, v in k.items() if n != "off"}, "prefix_caching_off": k["off"]}
                                     for k in recorded["knobs"]]}
     assert capabilities_from(legacy).knobs[1].off == ("false",)
+    # ... and had no off values for speculation: "none" (and "off", "0", "false") read as off, as then meant
+    assert capabilities_from(legacy).knobs[0].off == ("none",)
     # evolving one of the earlier maps keeps what the maps cannot say
     assert attrs.evolve(caps, knob_roles={"drafter": "speculation", "prefix": "cache"}).knobs[0].off == ("none",)
     assert drafter.switches_off("None") and not drafter.switches_off("ngram")
+    # an adapter still giving the four maps cannot say it either: read the same way
+    maps = Capabilities(**SMALL, config_space={"k": (0, 2), "prefix": ("on", "off")},
+                        knob_roles={"k": "speculation", "prefix": "cache"})
+    assert [k.off for k in maps.knobs] == [(0,), ()]
