@@ -103,11 +103,10 @@ def is_cross_identity_attempt(same: int, other: int, caps: Capabilities | None) 
 
 
 def caching_disabled(caps: Capabilities | None, config: Mapping[str, Any]) -> bool:
-    """Does `config` switch prefix caching off (a value the engine listed in `prefix_caching_off`)?"""
+    """Does `config` switch prefix caching off (a value the engine listed among a knob's `prefix_caching_off`)?"""
     if caps is None:
         return False
-    off = {k: {str(v).lower() for v in vs} for k, vs in caps.prefix_caching_off.items()}
-    return any(str(v).lower() in off.get(k, ()) for k, v in config.items())
+    return any(k.prefix_caching_off and k.name in config and k.switches_off(config[k.name]) for k in caps.knobs)
 
 
 def config_block_size(config: Mapping[str, Any], default: int) -> int:

@@ -87,9 +87,9 @@ def _undrafted_settings(h: History, f: CheckRecorder) -> list[str]:
     knobs = [k for k in h.capabilities.knobs if k.role == "speculation"]  # type: ignore[union-attr]
     served: dict[tuple, int] = {}
     drafted: set[tuple] = set()
-    for b in h.batches():
+    for b in h.batches() if knobs else ():
         config = b.config or {}
-        if not knobs or any(k.name not in config or k.switches_off(config[k.name]) for k in knobs):
+        if any(k.name not in config or k.switches_off(config[k.name]) for k in knobs):
             continue  # speculation off, or a setting the history does not name
         setting = tuple((k.name, config[k.name]) for k in knobs)
         for r in b.results:
