@@ -30,10 +30,12 @@ class Reset:
 class Continuation:
     """Next turn of a conversation: parent's prompt + parent's output + `extra`, resolved at run time.
 
-    With `restop=j` it is instead the parent's own prompt again, stopping at the token the parent produced
-    at output position j (modulo its length; the next new token where that one occurs earlier, see
-    `runner.restop_token`): a stop id that surely fires past position 0, where a random one almost never
-    does — so stop handling on a warm cache, in a draft run or a reused engine session is exercised."""
+    With `restop=j` it is instead the parent's own text again, stopping at the token the parent produced
+    at output position j (or the latest before it that can fire there), resumed just past that token's
+    previous occurrence in the output (see `scenario_runner.restop_turn`): a stop id that surely fires
+    past position 0, where a random one almost never does — so stop handling on a warm cache, in a draft
+    run or a reused engine session is exercised, with the parent's output up to the stop in the turn
+    (where a model repeats itself, a drafter gets drafts accepted before the stop)."""
 
     id: str
     parent: str

@@ -20,16 +20,25 @@ from conformance.scenario import Configure, Continuation, Reset, Step
 from conformance.verdicts import CheckResult
 
 
-def restop_token(output: Sequence[int], j: int) -> int:
-    """The stop id that ends a `restop` turn: the parent's token at output position j (modulo its
-    length), or, where that token already occurs earlier in the output (a small model repeats itself;
-    the stop would fire there, at position 0 most often, before any draft), the next position's token
-    that does not. Only when no later position has a new token is the stop allowed to fire early."""
+def restop_turn(output: Sequence[int], j: int, max_tokens: int | None = None,
+                eos_id: int | None = None) -> tuple[int, int]:
+    """Where a `restop` turn resumes the parent's output and the stop id that ends it: (cut, stop).
+
+    The stop is the parent's token at position i, the latest up to j (else the earliest after it) that
+    can fire past position 0 of a turn: not eos (which ends the output on its own) and not a repeat of
+    the token just before it. A stop id fires at its first occurrence, and a small model repeats itself,
+    so the turn resumes the parent's text just past that token's previous occurrence (0: its prompt
+    again), and no earlier than the turn's max_tokens reaches back from i: the stop fires exactly at i,
+    with the output before it (and the drafts accepted on it) in the turn. Only an output with no such
+    position lets the stop fire early."""
     n = len(output)
-    for i in [*range(j % n, n), *range(1, j % n)]:
-        if i and output[i] not in output[:i]:
-            return output[i]
-    return output[j % n]
+    valid = [i for i in range(1, n) if output[i] != eos_id and output[i] != output[i - 1]]
+    before = [i for i in valid if i <= j]
+    if not (before or valid):
+        return 0, output[j % n]
+    i = before[-1] if before else valid[0]
+    previous = max((k for k in range(i) if output[k] == output[i]), default=-1)
+    return max(previous + 1, i - max_tokens + 1 if max_tokens else 0), output[i]
 
 
 class ScenarioRunner:
@@ -117,8 +126,8 @@ class ScenarioRunner:
         if parent is None:  # parent never ran (e.g. shrunk away): the turn starts a fresh conversation
             prompt = item.extra
         elif item.restop is not None and parent[1].output:  # the parent again, stopping where it went
-            prompt = parent[0].prompt
-            stop_ids = (restop_token(parent[1].output, item.restop),)
+            cut, stop = restop_turn(parent[1].output, item.restop, item.max_tokens, self.caps.eos_id)
+            prompt, stop_ids = parent[0].prompt + tuple(parent[1].output[:cut]), (stop,)
         else:
             prompt = parent[0].prompt + tuple(parent[1].output) + item.extra
         return Request(item.id, prompt[: item.max_prompt] or item.extra[:1], item.max_tokens, stop_ids,

@@ -31,17 +31,26 @@ def _continue(s: Stream) -> tuple:
                          parent.identity, s.top),)
 
 
+def runs_on(item: Request | Continuation) -> bool:
+    """Nothing but eos or the length limit ends its output, and that limit leaves more than one token."""
+    return not item.stop_ids and item.max_tokens > 1 and getattr(item, "restop", None) is None
+
+
 def _restop(s: Stream) -> tuple:
-    # Past position 0 and within max_tokens: a stop that fires where a draft run can carry it (a stop at
-    # position 0 is the prefill's token, never a draft's; random stop ids fire there already).
-    # One or two stop positions of one parent, in one batch, the domain's ends weighted: the first draft
-    # position and the last token max_tokens allows (where a stop and the length limit meet).
-    parent = s.draw(st.sampled_from(s.pool))
-    budget = s.draw(st.integers(2, MAX_NEW))
-    at = st.one_of(st.sampled_from(sorted({1, budget - 1})), st.integers(1, budget - 1))
-    return tuple(Continuation(s.next_id(), parent.id, s.draw(token_lists(s.caps, 1)), budget,
-                              (), parent.identity, s.top, restop=s.draw(at))
-                 for _ in range(s.draw(st.integers(1, 2))))
+    # A stop past position 0 of the parent's output, where a draft run can carry it (a stop at position
+    # 0 is the prefill's token, never a draft's; random stop ids fire there already), its ends weighted:
+    # the first draft position and the last the parent reached. Each turn's parent is one whose output
+    # ran on (no stop of its own, room for more than one token) where there is one, and its max_tokens
+    # 2 or more (the ends weighted); the turn resumes the parent's text as far as it must to reach the
+    # stop (`scenario_runner.restop_turn`). A batch of them, of any size the stream allows.
+    parents = st.sampled_from([p for p in s.pool if runs_on(p)] or s.pool)
+    at = st.one_of(st.sampled_from((1, MAX_NEW)), st.integers(1, MAX_NEW))
+    budget = st.one_of(st.sampled_from((2, MAX_NEW)), st.integers(2, MAX_NEW))
+
+    def turn(parent: Request | Continuation) -> Continuation:
+        return Continuation(s.next_id(), parent.id, s.draw(token_lists(s.caps, 1)), s.draw(budget), (),
+                            parent.identity, s.top, restop=s.draw(at))
+    return tuple(turn(s.draw(parents)) for _ in range(s.draw(st.integers(1, s.max_batch))))
 
 
 def _poison(s: Stream) -> tuple:

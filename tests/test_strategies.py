@@ -62,17 +62,19 @@ def test_context_limits_survive_the_history_round_trip():
     assert capabilities_from(encode(CAPS)).context_limits == {"pool_tokens": {"64": 64}}
 
 
-def test_restop_stops_at_the_drawn_position_unless_its_token_came_earlier():
-    from conformance.scenario_runner import restop_token
+def test_restop_stops_at_the_drawn_position_where_its_token_is_new_to_the_turn():
+    from conformance.scenario_runner import restop_turn
 
-    assert restop_token([5, 6, 7, 8], 2) == 7  # a new token: the stop fires at position 2
-    assert restop_token([5, 6, 7, 8], 6) == 7  # modulo the parent's length
-    # 5 at position 2 would fire at position 0: the next position with a token not seen before
-    assert restop_token([5, 6, 5, 9], 2) == 9
-    assert restop_token([5, 5, 5, 6], 1) == 6
-    assert restop_token([5, 6, 5, 5], 2) == 6  # wraps round to position 1 (never to 0 while another exists)
-    assert restop_token([5, 5], 1) == 5  # no new token past position 0: it may fire early
-    assert restop_token([4], 3) == 4
+    assert restop_turn([5, 6, 7, 8], 2) == (0, 7)  # a new token: the parent's prompt again, stop at 2
+    assert restop_turn([5, 6, 7, 8], 6) == (0, 8)  # past the output: its last token
+    assert restop_turn([5, 6, 7, 8], 6, max_tokens=3) == (1, 8)  # resumed so that 3 tokens reach it
+    assert restop_turn([5, 6, 7, 2], 9, eos_id=2) == (0, 7)  # never eos, which ends the output by itself
+    # A token that came earlier: resumed just past that occurrence, where it is new again.
+    assert restop_turn([5, 6, 5, 9], 2) == (1, 5)
+    assert restop_turn([7, 5, 5, 5, 6, 5], 5) == (4, 5)  # a loop, then out: the turn resumes inside it
+    assert restop_turn([5, 5, 5, 6], 1) == (0, 6)  # a repeat of the token before it never fires there
+    assert restop_turn([5, 5], 1) == (0, 5)  # no position past 0 can fire: it may fire early
+    assert restop_turn([4], 3) == (0, 4)
 
 
 def test_speculation_sweep_puts_every_knob_at_each_value_past_its_first():
