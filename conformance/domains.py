@@ -54,6 +54,14 @@ def tokens(caps: Capabilities) -> st.SearchStrategy[int]:
     return st.integers(lo, hi).map(lambda t: t if t != eos else (t + 1 if t < hi else lo))
 
 
+# The seed whose lists repeat every REPEAT_PERIOD tokens: a prompt that repeats itself block for block (a
+# template, a repeated line) at every block size that divides the period or is a multiple of it (4, 16,
+# 32). Sent again, its second block is looked up by the same tokens as its first: a block key blind to
+# its parent (nano-vllm-style hashing, BUG_CLASSES A) serves the first block's KV at the second's
+# positions. Not seed 0, where shrinking goes.
+REPEATING_SEED, REPEAT_PERIOD = 7, 16
+
+
 # One seed in EDGE_PERIOD draws its tokens from the small alphabet AND the vocabulary's edges (`edge_tokens`):
 # the ids a stream of ordinary text never holds, where an engine that gives an id a meaning inside a
 # prompt (an end, a pad to mask, a separator, an out-of-range embedding row) shows it. Not seed 0.
@@ -74,6 +82,9 @@ def seeded_tokens(caps: Capabilities, n: int, seed: int) -> tuple[int, ...]:
     if seed % EDGE_PERIOD == EDGE_RESIDUE:
         alphabet += list(edge_tokens(caps)) * max(1, len(alphabet) // 8)  # about one token in five an edge
     rng = random.Random(seed)
+    if seed == REPEATING_SEED:
+        period = tuple(rng.choice(alphabet) for _ in range(REPEAT_PERIOD))
+        return tuple(period[i % REPEAT_PERIOD] for i in range(n))
     return tuple(rng.choice(alphabet) for _ in range(n))
 
 

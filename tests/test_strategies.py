@@ -178,20 +178,15 @@ def test_the_flush_tail_resets_then_resends_two_blocks_and_a_token_at_most():
     assert again.prompt == tuple(range(5, 5 + 33)) and again.max_tokens == 2  # a prefix of the earlier prompt
 
 
-def test_a_repeated_prompt_keeps_its_start_and_length_and_periods_span_the_domain():
-    from conformance.domains import periods, repeated
+def test_the_repeating_seed_repeats_every_period_and_no_other_seed_does():
+    from conformance.domains import REPEAT_PERIOD, REPEATING_SEED, seeded_tokens
 
-    assert repeated((1, 2, 3, 4, 5), 2) == (1, 2, 1, 2, 1)
-    assert repeated((1, 2, 3), 3) == (1, 2, 3) and repeated((1, 2, 3), 1) == (1, 1, 1)
-    drawn = set()
+    def repeats(tokens):
+        return tokens[:REPEAT_PERIOD] == tokens[REPEAT_PERIOD:2 * REPEAT_PERIOD]
 
-    @given(periods(20, 4))
-    @settings(max_examples=200, database=None)
-    def draw(p):
-        assert 1 <= p <= 20
-        drawn.add(p)
-    draw()
-    assert {1, 4, 20} <= drawn  # the ends and one block
+    assert repeats(seeded_tokens(CAPS, 3 * REPEAT_PERIOD + 1, REPEATING_SEED))
+    assert not any(repeats(seeded_tokens(CAPS, 2 * REPEAT_PERIOD, seed)) for seed in range(REPEATING_SEED))
+    assert seeded_tokens(CAPS, 5, REPEATING_SEED) == seeded_tokens(CAPS, 40, REPEATING_SEED)[:5]  # still prefixes
 
 
 def test_a_repeating_prompt_sent_again_catches_block_keys_blind_to_their_parent():
@@ -201,12 +196,12 @@ def test_a_repeating_prompt_sent_again_catches_block_keys_blind_to_their_parent(
     from adapters.reference import ReferenceAdapter
     from conformance.contract import Request
     from conformance.minimise import still_fails
-    from conformance.domains import repeated, seeded_tokens
+    from conformance.domains import REPEATING_SEED, seeded_tokens
 
     for fault, fails in (("unchained_block_keys", True), (None, False)):
         def engine():
             return ReferenceAdapter(**({"fault": fault} if fault else {}))
         caps = engine().capabilities()
-        prompt = repeated(seeded_tokens(caps, 34, 3), caps.block_size)
+        prompt = seeded_tokens(caps, 34, REPEATING_SEED)
         steps = [Batch((Request("first", prompt, 2),)), Batch((Request("again", prompt, 2),))]
         assert still_fails(engine, caps, "parity", steps) is fails, fault
