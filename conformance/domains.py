@@ -113,20 +113,6 @@ def prompt_lengths(caps: Capabilities, top: int | None = None) -> st.SearchStrat
     return st.one_of(near, st.integers(1, min(top, 3 * b))).map(lambda n: min(max(1, n), top))
 
 
-def periods(length: int, block_size: int) -> st.SearchStrategy[int]:
-    """How often a prompt of `length` tokens repeats itself: its period, 1 to `length`, the ends and the
-    block size weighted. Period 1 is one token over and over; a period of one block makes every block
-    the same tokens at another position (a key that ignores the blocks before it serves them all from
-    the first); `length` is no repetition. Repeated text is what a model continues by copying, so n-gram
-    and suffix drafters get long runs accepted on it, with a stop or eos inside or after them."""
-    return st.one_of(st.sampled_from(sorted({1, min(block_size, length), length})), st.integers(1, length))
-
-
-def repeated(prompt: tuple[int, ...], period: int) -> tuple[int, ...]:
-    """`prompt`'s first `period` tokens over and over, to its length."""
-    return (prompt[:period] * -(-len(prompt) // period))[:len(prompt)]
-
-
 @functools.lru_cache(maxsize=1024)
 def at_context_end(budget: int, limit: int, past: bool = False) -> st.SearchStrategy[int]:
     """A prompt length at the far end of the domain: the request fills the context exactly (its last

@@ -20,6 +20,11 @@ from conformance.scenario import Configure, Continuation, Reset, Step
 from conformance.verdicts import CheckResult
 
 
+def stop_positions(output: Sequence[int], eos_id: int | None = None) -> list[int]:
+    """The positions of `output` where a turn can stop past its position 0 (see `restop_turn`)."""
+    return [i for i in range(1, len(output)) if output[i] != eos_id and output[i] != output[i - 1]]
+
+
 def restop_turn(output: Sequence[int], j: int, max_tokens: int | None = None,
                 eos_id: int | None = None) -> tuple[int, int]:
     """Where a `restop` turn resumes the parent's output and the stop id that ends it: (cut, stop).
@@ -32,7 +37,7 @@ def restop_turn(output: Sequence[int], j: int, max_tokens: int | None = None,
     with the output before it (and the drafts accepted on it) in the turn. Only an output with no such
     position lets the stop fire early."""
     n = len(output)
-    valid = [i for i in range(1, n) if output[i] != eos_id and output[i] != output[i - 1]]
+    valid = stop_positions(output, eos_id)
     before = [i for i in valid if i <= j]
     if not (before or valid):
         return 0, output[j % n]
@@ -126,12 +131,23 @@ class ScenarioRunner:
         if parent is None:  # parent never ran (e.g. shrunk away): the turn starts a fresh conversation
             prompt = item.extra
         elif item.restop is not None and parent[1].output:  # the parent again, stopping where it went
+            parent = self._stoppable(parent, item.identity, resolved)
             cut, stop = restop_turn(parent[1].output, item.restop, item.max_tokens, self.caps.eos_id)
             prompt, stop_ids = parent[0].prompt + tuple(parent[1].output[:cut]), (stop,)
         else:
             prompt = parent[0].prompt + tuple(parent[1].output) + item.extra
         return Request(item.id, prompt[: item.max_prompt] or item.extra[:1], item.max_tokens, stop_ids,
                        item.identity)
+
+    def _stoppable(self, parent: tuple[Request, Result], identity,
+                   resolved: Mapping[str, tuple[Request, Result]]) -> tuple[Request, Result]:
+        """`parent`, or where its output has no position a stop can fire at past 0 (it ended at once, on
+        eos or its own stop, or repeats one token), the latest request of the same identity whose output
+        has one: which outputs run on is known only once they ran."""
+        if stop_positions(parent[1].output, self.caps.eos_id):
+            return parent
+        return next((p for p in reversed(list(resolved.values()))
+                     if p[0].identity == identity and stop_positions(p[1].output, self.caps.eos_id)), parent)
 
     def batch(self, requests: list[Request], resolved: dict[str, tuple[Request, Result]]) -> None:
         """Record the requests, then call the engine: the request that kills an engine is in the history."""

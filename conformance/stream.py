@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from conformance.contract import Capabilities, Request
 from conformance.domains import (all_identities, at_context_end, configs, derived_salts,
-                                 max_prompt_len, max_tokens, one_binding_per_adapter, periods, prompt_lengths,
-                                 repeated, spec_knobs, stop_ids, token_lists)
+                                 max_prompt_len, max_tokens, one_binding_per_adapter, prompt_lengths, spec_knobs,
+                                 stop_ids, token_lists)
 from conformance.scenario import Batch, Configure, Continuation, Step
 
 
@@ -46,8 +46,7 @@ class Stream:
 
     def fresh_request(self) -> Request:
         """A new request: its prompt a shared root cut or extended to a drawn length. One in four fills
-        the context in effect (two fair booleans), the far end of the length domain; one in four repeats
-        its own start (`domains.periods`), the far end of how much a prompt says."""
+        the context in effect (two fair booleans), the far end of the length domain."""
         draw, caps = self.draw, self.caps
         budget = draw(max_tokens(caps))
         if draw(st.booleans()) and draw(st.booleans()):
@@ -57,8 +56,6 @@ class Stream:
         which = draw(st.integers(0, len(self.roots)))
         base = self.roots[which] if which < len(self.roots) else ()
         prompt = base[:length] if len(base) >= length else base + draw(token_lists(caps, length - len(base)))
-        if draw(st.booleans()) and draw(st.booleans()):  # one in four repeats itself (`periods`)
-            prompt = repeated(prompt, draw(periods(len(prompt), self.bs)))
         return Request(self.next_id(), prompt, budget, draw(stop_ids(caps)), draw(self.ident))
 
     def fit(self, item: Union[Request, Continuation]) -> int:
