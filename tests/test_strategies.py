@@ -77,6 +77,30 @@ def test_restop_stops_at_the_drawn_position_where_its_token_is_new_to_the_turn()
     assert restop_turn([4], 3) == (0, 4)
 
 
+def test_a_restop_turn_whose_parent_cannot_stop_past_0_takes_the_latest_output_that_can():
+    """Which outputs run on is known only once they ran: a parent that ended at once (eos, a one-token
+    output, one token repeated) gives way to the latest request of the turn's identity that ran on, and
+    a parent that ran on is kept."""
+    from conformance.contract import Identity, Request, Result
+    from conformance.scenario_runner import ScenarioRunner
+
+    runner = ScenarioRunner.__new__(ScenarioRunner)  # resolve reads only the capabilities
+    runner.caps = evolve(CAPS, eos_id=2)
+    other = Identity(salt="b")
+    resolved = {"ran": (Request("ran", (10, 11), 8), Result("ran", (5, 6, 7, 2), "eos")),
+                "other": (Request("other", (12,), 8, identity=other), Result("other", (8, 9), "length")),
+                "eos": (Request("eos", (13, 14), 8), Result("eos", (2,), "eos")),
+                "loop": (Request("loop", (15,), 8), Result("loop", (4, 4, 4), "length"))}
+
+    def turn(parent: str):
+        return runner.resolve(Continuation("t", parent, (1,), 8, (), Identity(), 64, restop=12), resolved)
+    for parent in ("eos", "loop"):
+        assert turn(parent).prompt == (10, 11) and turn(parent).stop_ids == (7,), parent  # not "other"'s
+    assert turn("ran").prompt == (10, 11) and turn("ran").stop_ids == (7,)
+    resolved["loop"] = (Request("loop", (15,), 8), Result("loop", (4, 3, 4), "length"))
+    assert turn("loop").prompt == (15, 4) and turn("loop").stop_ids == (4,)  # its own: 4 again, past the first 4
+
+
 def test_speculation_sweep_puts_every_knob_at_each_value_past_its_first():
     from types import SimpleNamespace
 
