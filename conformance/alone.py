@@ -173,26 +173,35 @@ def run_probes(runner: Any, history: History, findings: Sequence[Any], examples:
     return examples
 
 
-def fold(history: History, findings: list[Any], merge: Any) -> list[Any]:
-    """Each finding about a request that a lone re-send reproduced, folded into the lone request's own
-    finding (`merge(lone, other)` builds the merged one). A lone re-send that passed folds nothing: its
-    context was needed, and the finding stays as it was found."""
-    resent = {ex.index: ex.alone for ex in history.examples if ex.alone}
-    lone_of: dict[tuple[int, str], int] = {}  # (example, request id) -> index in `findings` of the lone finding
+def fold(history: History, findings: list[Any], lone_failures: Mapping[int, Sequence[Any]],
+         merge: Any, reproduced: Any) -> list[Any]:
+    """Each finding about a request that a lone re-send reproduced, folded into the finding that shows
+    the lone request's failure (`merge(shown, other)`), which says, per re-sent request, that it fails
+    alone (`reproduced(shown, example, check there)`). A lone re-send that passed folds nothing: its
+    context was needed, and the finding stays as it was found.
+
+    `lone_failures`: each lone example's own failures (example index -> failures), read from its answers,
+    not from `findings`: a run keeps one failure per check and title, the last, so a lone re-send often
+    displaces the very failure it reproduces (same check, same title), and lone re-sends failing the
+    same way keep only the last of them. Whether a request failed alone is a fact of its lone example;
+    the finding showing it is the one holding that failure's check and title."""
+    holder = {(f.check, f.title): i for i, fd in enumerate(findings) for f in fd.failures}
+    lone_of: dict[tuple[int, str], int] = {}  # (example, request id) -> index of the finding showing it alone
+    for ex in history.examples:
+        shown = [holder[f.check, f.title] for f in lone_failures.get(ex.index, ()) if (f.check, f.title) in holder]
+        for pair in (ex.alone or ()) if shown else ():
+            lone_of.setdefault(pair, shown[0])
+    out = dict(enumerate(findings))
+    found = {}
     for i, fd in enumerate(findings):
         req = fd.failure.witness.get("request")
-        if fd.failure.example in resent and isinstance(req, Mapping) and req.get("id") == "alone":
-            for pair in resent[fd.failure.example]:
-                lone_of.setdefault(pair, i)
-    if not lone_of:
-        return findings
-    merged: dict[int, Any] = {}
-    kept = []
-    for i, fd in enumerate(findings):
-        req = fd.failure.witness.get("request")
-        target = lone_of.get((fd.failure.example, req.get("id"))) if isinstance(req, Mapping) else None
-        if target is None or target == i:
-            kept.append(i)
-            continue
-        merged[target] = merge(merged.get(target, findings[target]), fd)
-    return [merged.get(i, findings[i]) for i in kept]
+        pair = (fd.failure.example, req.get("id")) if isinstance(req, Mapping) else None
+        if pair in lone_of and lone_of[pair] != i:
+            found[pair] = fd.check
+            target = lone_of[pair]
+            out[target] = merge(out[target], fd)
+            del out[i]
+    for pair, target in lone_of.items():
+        if target in out:
+            out[target] = reproduced(out[target], pair[0], found.get(pair, out[target].check))
+    return list(out.values())

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
+import attrs
 from attrs import frozen
 
 from conformance import alone
-from conformance.analysis import Analysis
+from conformance.analysis import Analysis, example_failures
 from conformance.checks import CHECKS
 from conformance.checks.midflight import partial
 from conformance.finding_order import order_key
@@ -235,14 +236,18 @@ def _signature(f: RootCause) -> tuple:
             w.get("first_divergent_position"), w.get("expected"), w.get("got"), w.get("cached_tokens"))
 
 
-def _merge_alone(lone: RootCause, other: RootCause) -> RootCause:
+def _merge_alone(shown: RootCause, other: RootCause) -> RootCause:
     """A finding whose request, sent again alone after a reset, failed too (conformance.alone): one
     bug, shown by the lone request, listed under what was in play for it."""
-    why = (f"the same request failed in example {other.failure.example} (there under {other.check}); sent again "
+    return RootCause(shown.check, shown.title, shown.failure, tuple(dict.fromkeys(shown.seen_by + other.seen_by)),
+                     shown.failures + other.failures, shown.count + other.count, shown.reasons)
+
+
+def _reproduced_alone(shown: RootCause, example: int, check: str) -> RootCause:
+    why = (f"the same request failed in example {example} (there under {check}); sent again "
            f"alone after a reset it fails too, so no batch-mate, other identity or cached prefix is needed (state an "
            f"engine keeps across its reset would be: that is a bug of its own)")
-    return RootCause(lone.check, lone.title, lone.failure, tuple(dict.fromkeys(lone.seen_by + other.seen_by)),
-                     lone.failures + other.failures, lone.count + other.count, lone.reasons + (why,))
+    return attrs.evolve(shown, reasons=shown.reasons + (why,))
 
 
 def group(history: History, analysis: Analysis) -> list[RootCause]:
@@ -257,7 +262,9 @@ def group(history: History, analysis: Analysis) -> list[RootCause]:
     support = mechanism_support(history)
     findings = [_root(history, fs, [c for c in chosen if c in failed or c in {x.check for x in fs}], support)
                 for fs in roots.values()]
-    findings = alone.fold(history, findings, _merge_alone)
+    scoped = [c for c in chosen if CHECKS[c].scope != "run"]
+    lone = {ex.index: example_failures(history.only(ex), scoped) for ex in history.examples if ex.alone}
+    findings = alone.fold(history, findings, lone, _merge_alone, _reproduced_alone)
     folded: dict[tuple, RootCause] = {}
     for fd in findings:
         sig = _signature(fd)

@@ -68,7 +68,7 @@ def test_a_run_re_sends_each_failing_request_alone(fault, folded, tmp_path):
 
     out = run_suite(ReferenceAdapter(fault=fault), RunConfig(engine_name="reference", profile="dev", seed=0,
                                                              report_dir=tmp_path, database_dir=tmp_path / "db",
-                                                             max_shrink_seconds=20))
+                                                             shrink=False))
     assert out.verdict == "fail"
     probes = [ex for ex in out.history.examples if ex.alone]
     assert probes and all(len(ex.batches) == 1 and len(ex.batches[0].requests) == 1 for ex in probes)
