@@ -77,3 +77,20 @@ def test_a_run_re_sends_each_failing_request_alone(fault, folded, tmp_path):
     assert bool(lone) == folded, [(fd["check"], fd["reasons"]) for fd in findings]
     if not folded:
         assert findings[0]["check"] == "isolation"
+
+
+def test_every_request_that_fails_alone_is_told_so_when_lone_failures_displace_each_other():
+    """A run keeps one failure per check and title, the last: two lone re-sends failing the same way
+    keep only the second's failure, and the first's (its own lone failure gone from the findings) must
+    still fold its request and say it fails alone."""
+    r0, r1 = req("r0", PROMPT), req("r1", PROMPT[::-1])
+    c = Crafted().batch((r0, res("r0", [5, 9, 9])), (r1, res("r1", [5, 9, 9])))
+    for index, rid, prompt in ((1, "r0", PROMPT), (2, "r1", PROMPT[::-1])):
+        c.w.append("example", index=index, alone=[[0, rid]])
+        c.reset().batch((req("alone", prompt), res("alone", [5, 9, 9])))
+    h = c.baseline(r0, [5, 6, 7]).baseline(r1, [5, 6, 7]).history()
+    findings = group(h, analyse(h))
+    told = [why for fd in findings for why in fd.reasons if "alone after a reset it fails too" in why]
+    assert len(told) == 2 and all("example 0" in why for why in told), [fd.reasons for fd in findings]
+    assert len(findings) == 1
+    assert all(fd.failure.witness["request"]["id"] == "alone" for fd in findings)
