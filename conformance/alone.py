@@ -12,7 +12,7 @@ failing request is sent once more, alone, after a reset (the contract's fresh st
 configuration it failed in (its
 drafter, k, chunk size stay: they are the request's setting, not traffic). That is an ordinary example,
 recorded and checked like any other, whose `example` event carries `alone`: the (example, request)
-pairs it re-sends. Where the lone request fails too, the grouping folds every finding about the pairs
+pairs it re-sends. Where the lone request fails too, with the same answer, the grouping folds every finding about the pairs
 it re-sends into the lone request's own (`fold`): one bug, one finding, the smallest witness shown,
 listed under what was in play for the lone request (speculation, chunking, or nothing: parity), and
 signed as the lone request — the same bug from any context, seed or engine version signs once.
@@ -173,24 +173,41 @@ def run_probes(runner: Any, history: History, findings: Sequence[Any], examples:
     return examples
 
 
+def _answer(history: History, example: int, rid: str) -> tuple | None:
+    """The answer (output, finish reason) request `rid` got in example `example`; None if it has none."""
+    ex = next((e for e in history.examples if e.index == example), None)
+    for b in ex.batches if ex is not None else ():
+        for _, q, r in b.pairs():
+            if q.id == rid:
+                return tuple(r.output), r.finish_reason
+    return None
+
+
 def fold(history: History, findings: list[Any], lone_failures: Mapping[int, Sequence[Any]],
          merge: Any, reproduced: Any) -> list[Any]:
     """Each finding about a request that a lone re-send reproduced, folded into the finding that shows
     the lone request's failure (`merge(shown, other)`), which says, per re-sent request, that it fails
-    alone (`reproduced(shown, example, check there)`). A lone re-send that passed folds nothing: its
-    context was needed, and the finding stays as it was found.
+    alone (`reproduced(shown, (example, request id), check there)`). A lone re-send that passed folds
+    nothing: its context was needed, and the finding stays as it was found.
+
+    Reproduced means the lone request failed AND gave the very answer (output, finish reason) the
+    request gave where it failed: one bug, shown again. A lone re-send that fails differently shows
+    another bug (a request wrong on a cache hit in context and wrong under its speculation setting alone
+    is two bugs, two findings), and folds nothing.
 
     `lone_failures`: each lone example's own failures (example index -> failures), read from its answers,
     not from `findings`: a run keeps one failure per check and title, the last, so a lone re-send often
     displaces the very failure it reproduces (same check, same title), and lone re-sends failing the
-    same way keep only the last of them. Whether a request failed alone is a fact of its lone example;
-    the finding showing it is the one holding that failure's check and title."""
+    same way keep only the last of them. The finding showing a lone failure is the one holding its
+    check and title."""
     holder = {(f.check, f.title): i for i, fd in enumerate(findings) for f in fd.failures}
     lone_of: dict[tuple[int, str], int] = {}  # (example, request id) -> index of the finding showing it alone
     for ex in history.examples:
         shown = [holder[f.check, f.title] for f in lone_failures.get(ex.index, ()) if (f.check, f.title) in holder]
-        for pair in (ex.alone or ()) if shown else ():
-            lone_of.setdefault(pair, shown[0])
+        lone = _answer(history, ex.index, "alone") if shown else None
+        for pair in (ex.alone or ()) if lone is not None else ():
+            if _answer(history, *pair) == lone:
+                lone_of.setdefault(pair, shown[0])
     out = dict(enumerate(findings))
     found = {}
     for i, fd in enumerate(findings):
@@ -203,5 +220,5 @@ def fold(history: History, findings: list[Any], lone_failures: Mapping[int, Sequ
             del out[i]
     for pair, target in lone_of.items():
         if target in out:
-            out[target] = reproduced(out[target], pair[0], found.get(pair, out[target].check))
+            out[target] = reproduced(out[target], pair, found.get(pair, out[target].check))
     return list(out.values())

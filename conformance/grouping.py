@@ -243,9 +243,9 @@ def _merge_alone(shown: RootCause, other: RootCause) -> RootCause:
                      shown.failures + other.failures, shown.count + other.count, shown.reasons)
 
 
-def _reproduced_alone(shown: RootCause, example: int, check: str) -> RootCause:
-    why = (f"the same request failed in example {example} (there under {check}); sent again "
-           f"alone after a reset it fails too, so no batch-mate, other identity or cached prefix is needed (state an "
+def _reproduced_alone(shown: RootCause, pair: tuple[int, str], check: str) -> RootCause:
+    why = (f"request {pair[1]} of example {pair[0]} failed there (under {check}) and, sent again "
+           f"alone after a reset, gives the same answer, so no batch-mate, other identity or cached prefix is needed (state an "
            f"engine keeps across its reset would be: that is a bug of its own)")
     return attrs.evolve(shown, reasons=shown.reasons + (why,))
 

@@ -35,7 +35,7 @@ def test_a_request_that_fails_alone_is_one_finding_shown_by_the_lone_request():
     (fd,) = group(h, analyse(h))
     assert fd.failure.example == 1 and fd.failure.witness["request"]["id"] == "alone" and fd.count == 2
     assert fd.check == "parity"  # nothing in play for the lone request
-    assert any("alone after a reset it fails too" in why for why in fd.reasons)
+    assert any("alone after a reset, gives the same answer" in why for why in fd.reasons)
     (sig, _), = signed_findings(h, analyse(h))
     assert sig.mechanism.startswith("plain decoding")
 
@@ -47,6 +47,15 @@ def test_a_request_that_passes_alone_keeps_its_context():
     assert not any("alone" in why for why in fd.reasons)
     (sig, _), = signed_findings(h, analyse(h))
     assert sig.check == "schedule_independence" and sig.mechanism == "scheduling"
+
+
+def test_a_request_that_fails_alone_with_another_answer_is_another_bug():
+    """Wrong in context and wrong alone, but not the same answer: the lone re-send shows a second bug
+    (what a cache hit broke in context, what the request's own setting breaks alone), and folds nothing."""
+    h = _history([5, 9, 8])
+    findings = group(h, analyse(h))
+    assert {fd.failure.example for fd in findings} == {0, 1}
+    assert not any("alone" in why for fd in findings for why in fd.reasons)
 
 
 def test_the_alone_mark_is_read_as_untrusted_data():
@@ -73,7 +82,7 @@ def test_a_run_re_sends_each_failing_request_alone(fault, folded, tmp_path):
     probes = [ex for ex in out.history.examples if ex.alone]
     assert probes and all(len(ex.batches) == 1 and len(ex.batches[0].requests) == 1 for ex in probes)
     findings = json.loads((out.run_dir / "results.json").read_text())["findings"]
-    lone = [fd for fd in findings if any("alone after a reset it fails too" in why for why in fd["reasons"])]
+    lone = [fd for fd in findings if any("alone after a reset, gives the same answer" in why for why in fd["reasons"])]
     assert bool(lone) == folded, [(fd["check"], fd["reasons"]) for fd in findings]
     if not folded:
         assert findings[0]["check"] == "isolation"
@@ -90,7 +99,7 @@ def test_every_request_that_fails_alone_is_told_so_when_lone_failures_displace_e
         c.reset().batch((req("alone", prompt), res("alone", [5, 9, 9])))
     h = c.baseline(r0, [5, 6, 7]).baseline(r1, [5, 6, 7]).history()
     findings = group(h, analyse(h))
-    told = [why for fd in findings for why in fd.reasons if "alone after a reset it fails too" in why]
+    told = [why for fd in findings for why in fd.reasons if "alone after a reset, gives the same answer" in why]
     assert len(told) == 2 and all("example 0" in why for why in told), [fd.reasons for fd in findings]
     assert len(findings) == 1
     assert all(fd.failure.witness["request"]["id"] == "alone" for fd in findings)
