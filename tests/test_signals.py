@@ -59,6 +59,14 @@ def wait_gone(pids: list[int], limit_s: float) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def _stop_signals_default() -> None:
+    """In the run's process, before it starts: SIGINT and SIGHUP at their defaults. The run leaves a
+    signal its parent ignores ignored (as `nohup` asks), and this test's own process may ignore them (a
+    background job ignores SIGINT; pytest under nohup, SIGHUP): the signals tested must reach the run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 class Run:
     """One supervised `python -m kvparity run` in its own session, and every process it started
     (recorded as they appear, SIGKILLed at the end of the test whatever happened)."""
@@ -69,7 +77,7 @@ class Run:
                                       "--no-shrink", "--seed", "1", "-q", *args], cwd=tmp_path, env=env(),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True,
-                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                     preexec_fn=_stop_signals_default)
         self.seen: set[int] = set()
 
     def tree(self) -> list[int]:
