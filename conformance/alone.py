@@ -12,8 +12,8 @@ failing request is sent once more, alone, after a reset (the contract's fresh st
 configuration it failed in (its
 drafter, k, chunk size stay: they are the request's setting, not traffic). That is an ordinary example,
 recorded and checked like any other, whose `example` event carries `alone`: the (example, request)
-pairs it re-sends. Where the lone request fails too, with the same answer, the grouping folds every finding about the pairs
-it re-sends into the lone request's own (`fold`): one bug, one finding, the smallest witness shown,
+pairs it re-sends. Where the lone request fails too, with the same answer, the grouping folds every
+finding about the pairs it re-sends into the lone request's own (`fold`): one bug, one finding, the smallest witness shown,
 listed under what was in play for the lone request (speculation, chunking, or nothing: parity), and
 signed as the lone request — the same bug from any context, seed or engine version signs once.
 

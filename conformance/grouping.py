@@ -244,8 +244,8 @@ def _merge_alone(shown: RootCause, other: RootCause) -> RootCause:
 
 
 def _reproduced_alone(shown: RootCause, pair: tuple[int, str], check: str) -> RootCause:
-    why = (f"request {pair[1]} of example {pair[0]} failed there (under {check}) and, sent again "
-           f"alone after a reset, gives the same answer, so no batch-mate, other identity or cached prefix is needed (state an "
+    why = (f"request {pair[1]} of example {pair[0]} failed there (under {check}) and, sent again alone after a "
+           f"reset, gives the same answer, so no batch-mate, other identity or cached prefix is needed (state an "
            f"engine keeps across its reset would be: that is a bug of its own)")
     return attrs.evolve(shown, reasons=shown.reasons + (why,))
 
