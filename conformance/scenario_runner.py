@@ -25,8 +25,32 @@ def stop_positions(output: Sequence[int], eos_id: int | None = None) -> list[int
     return [i for i in range(1, len(output)) if output[i] != eos_id and output[i] != output[i - 1]]
 
 
+def copied(context: Sequence[int], k: int) -> bool:
+    """context[k] follows an earlier occurrence of the token before it as it did there: the text repeats
+    itself at k. Drafts are accepted where text is predictable from its context, and what a model
+    predicts from its context is first of all a repeat (an n-gram drafter copies, a draft model and a
+    small model loop)."""
+    return any(context[j] == context[k - 1] and context[j + 1] == context[k] for j in range(k - 1))
+
+
+def _turn_cut(output: Sequence[int], i: int, max_tokens: int | None) -> int:
+    """Where a turn stopping at output[i] resumes: just past that token's previous occurrence, and no
+    earlier than its max_tokens reaches back from i."""
+    previous = max((k for k in range(i) if output[k] == output[i]), default=-1)
+    return max(previous + 1, i - max_tokens + 1 if max_tokens else 0)
+
+
+def drafted_stops(prompt: Sequence[int], output: Sequence[int], max_tokens: int | None = None,
+                  eos_id: int | None = None) -> list[int]:
+    """The stop positions (`stop_positions`) whose turn holds a repeat (`copied`) a draft can cover: past
+    the turn's position 0 (the prefill's token), up to and including the stop."""
+    context = tuple(prompt) + tuple(output)
+    return [i for i in stop_positions(output, eos_id)
+            if any(copied(context, len(prompt) + k) for k in range(_turn_cut(output, i, max_tokens) + 1, i + 1))]
+
+
 def restop_turn(output: Sequence[int], j: int, max_tokens: int | None = None,
-                eos_id: int | None = None) -> tuple[int, int]:
+                eos_id: int | None = None, prompt: Sequence[int] = ()) -> tuple[int, int]:
     """Where a `restop` turn resumes the parent's output and the stop id that ends it: (cut, stop).
 
     The stop is the parent's token at position i, the latest up to j (else the earliest after it) that
@@ -35,15 +59,15 @@ def restop_turn(output: Sequence[int], j: int, max_tokens: int | None = None,
     so the turn resumes the parent's text just past that token's previous occurrence (0: its prompt
     again), and no earlier than the turn's max_tokens reaches back from i: the stop fires exactly at i,
     with the output before it (and the drafts accepted on it) in the turn. Only an output with no such
-    position lets the stop fire early."""
-    n = len(output)
-    valid = stop_positions(output, eos_id)
+    position lets the stop fire early. Positions whose turn holds a repeat of the parent's text
+    (`drafted_stops`: `prompt` + `output`) come first: the oracle's output says where a draft run can
+    precede a stop, which a drawn position hits only by chance."""
+    valid = drafted_stops(prompt, output, max_tokens, eos_id) or stop_positions(output, eos_id)
+    if not valid:
+        return 0, output[j % len(output)]
     before = [i for i in valid if i <= j]
-    if not (before or valid):
-        return 0, output[j % n]
     i = before[-1] if before else valid[0]
-    previous = max((k for k in range(i) if output[k] == output[i]), default=-1)
-    return max(previous + 1, i - max_tokens + 1 if max_tokens else 0), output[i]
+    return _turn_cut(output, i, max_tokens), output[i]
 
 
 class ScenarioRunner:
@@ -131,23 +155,29 @@ class ScenarioRunner:
         if parent is None:  # parent never ran (e.g. shrunk away): the turn starts a fresh conversation
             prompt = item.extra
         elif item.restop is not None and parent[1].output:  # the parent again, stopping where it went
-            parent = self._stoppable(parent, item.identity, resolved)
-            cut, stop = restop_turn(parent[1].output, item.restop, item.max_tokens, self.caps.eos_id)
+            parent = self._stoppable(parent, item, resolved)
+            cut, stop = restop_turn(parent[1].output, item.restop, item.max_tokens, self.caps.eos_id,
+                                    parent[0].prompt)
             prompt, stop_ids = parent[0].prompt + tuple(parent[1].output[:cut]), (stop,)
         else:
             prompt = parent[0].prompt + tuple(parent[1].output) + item.extra
         return Request(item.id, prompt[: item.max_prompt] or item.extra[:1], item.max_tokens, stop_ids,
                        item.identity)
 
-    def _stoppable(self, parent: tuple[Request, Result], identity,
+    def _stoppable(self, parent: tuple[Request, Result], turn: Continuation,
                    resolved: Mapping[str, tuple[Request, Result]]) -> tuple[Request, Result]:
-        """`parent`, or where its output has no position a stop can fire at past 0 (it ended at once, on
-        eos or its own stop, or repeats one token), the latest request of the same identity whose output
-        has one: which outputs run on is known only once they ran."""
-        if stop_positions(parent[1].output, self.caps.eos_id):
-            return parent
-        return next((p for p in reversed(list(resolved.values()))
-                     if p[0].identity == identity and stop_positions(p[1].output, self.caps.eos_id)), parent)
+        """`parent`, or the latest request of the turn's identity whose output suits a restop turn
+        better: first one with a stop a draft run can precede (`drafted_stops`), else one with any
+        position a stop can fire at past 0 (an output that ended at once, on eos or its own stop, or
+        repeats one token has none). Which outputs do is known only once they ran."""
+        eos = self.caps.eos_id
+        candidates = [parent] + [p for p in reversed(list(resolved.values())) if p[0].identity == turn.identity]
+        for suits in (lambda p: drafted_stops(p[0].prompt, p[1].output, turn.max_tokens, eos),
+                      lambda p: stop_positions(p[1].output, eos)):
+            found = next((p for p in candidates if suits(p)), None)
+            if found is not None:
+                return found
+        return parent
 
     def batch(self, requests: list[Request], resolved: dict[str, tuple[Request, Result]]) -> None:
         """Record the requests, then call the engine: the request that kills an engine is in the history."""

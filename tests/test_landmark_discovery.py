@@ -25,10 +25,11 @@ from tests.test_conformance_checks import CAPS, Crafted, req, res  # noqa: E402
 EOS = 2
 
 
-def save_checkpoint(root: pathlib.Path) -> pathlib.Path:
+def save_checkpoint(root: pathlib.Path, seed: int = 3) -> pathlib.Path:
     """A random-init Llama saved by transformers, with a byte-level BPE trained here (no shipped file).
     Its eos row of lm_head is scaled up so that a short search meets eos (a random model rarely
-    predicts any one token; the search itself is what is tested here)."""
+    predicts any one token; the search itself is what is tested here). `seed` picks the weights
+    (benchmarks/random_checkpoints.py runs the suite on several)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -37,7 +38,7 @@ def save_checkpoint(root: pathlib.Path) -> pathlib.Path:
     text = [pathlib.Path(ls.__file__).read_text()] * 3
     tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "<s>", "</s>"],
                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     config = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       initializer_range=0.2, bos_token_id=1, eos_token_id=EOS, pad_token_id=0,
@@ -45,7 +46,7 @@ def save_checkpoint(root: pathlib.Path) -> pathlib.Path:
     model = transformers.LlamaForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight[EOS] *= 2.0
-    folder = root / "random-llama"
+    folder = root / f"random-llama-{seed}"
     model.save_pretrained(folder)
     tok.save(str(folder / "tokenizer.json"))
     return folder

@@ -71,7 +71,7 @@ def test_restop_stops_at_the_drawn_position_where_its_token_is_new_to_the_turn()
     assert restop_turn([5, 6, 7, 2], 9, eos_id=2) == (0, 7)  # never eos, which ends the output by itself
     # A token that came earlier: resumed just past that occurrence, where it is new again.
     assert restop_turn([5, 6, 5, 9], 2) == (1, 5)
-    assert restop_turn([7, 5, 5, 5, 6, 5], 5) == (4, 5)  # a loop, then out: the turn resumes inside it
+    assert restop_turn([7, 5, 5, 6, 5], 4) == (3, 5)  # a loop, then out: the turn resumes past its last 5
     assert restop_turn([5, 5, 5, 6], 1) == (0, 6)  # a repeat of the token before it never fires there
     assert restop_turn([5, 5], 1) == (0, 5)  # no position past 0 can fire: it may fire early
     assert restop_turn([4], 3) == (0, 4)
@@ -99,6 +99,28 @@ def test_a_restop_turn_whose_parent_cannot_stop_past_0_takes_the_latest_output_t
     assert turn("ran").prompt == (10, 11) and turn("ran").stop_ids == (7,)
     resolved["loop"] = (Request("loop", (15,), 8), Result("loop", (4, 3, 4), "length"))
     assert turn("loop").prompt == (15, 4) and turn("loop").stop_ids == (4,)  # its own: 4 again, past the first 4
+    # A parent whose text never repeats gives way to the latest of its identity where a draft run can
+    # precede a stop (20 21 is said again, then 9 and 3 are new), never to another identity's.
+    resolved["drafted"] = (Request("drafted", (20, 21), 8), Result("drafted", (20, 21, 9, 3), "length"))
+    resolved["other2"] = (Request("other2", (1, 3), 8, identity=other), Result("other2", (1, 3, 6), "length"))
+    assert turn("ran").prompt == (20, 21) and turn("ran").stop_ids == (3,)
+    assert turn("drafted").prompt == (20, 21) and turn("drafted").stop_ids == (3,)
+
+
+def test_restop_puts_the_stop_after_a_repeat_where_the_text_has_one():
+    """A draft is accepted where the text is predictable from its context, first of all where it repeats
+    itself: positions whose turn holds a repeat of the parent's text (prompt and output) come first, at
+    the drawn position or the earliest after it; without one, the drawn position rules."""
+    from conformance.scenario_runner import copied, drafted_stops, restop_turn
+
+    assert copied((1, 2, 5, 6, 1, 2), 5) and not copied((1, 2, 5, 6, 1, 3), 5) and not copied((1, 1), 1)
+    assert drafted_stops((1, 2), (5, 6, 1, 2, 7)) == [3, 4]  # 1 2 again at output 2-3: stops at 3 and 4
+    assert restop_turn((5, 6, 1, 2, 7), 1, prompt=(1, 2)) == (0, 2)  # the earliest after the drawn one
+    assert restop_turn((5, 6, 1, 2, 7), 9, prompt=(1, 2)) == (0, 7)
+    assert restop_turn((5, 6, 1, 2, 7), 1) == (0, 6)  # no repeat without the prompt: the drawn position
+    # A turn resumes past the stop token's previous occurrence, so a repeat before it does not count.
+    assert drafted_stops((), (4, 4, 4, 5, 4, 6)) == [3, 5]  # not 4: its turn starts past the loop
+    assert drafted_stops((), (4, 4, 4, 5, 4, 6), max_tokens=1) == []  # one token: nothing but the prefill's
 
 
 def test_speculation_sweep_puts_every_knob_at_each_value_past_its_first():
