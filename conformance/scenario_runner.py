@@ -25,12 +25,19 @@ def stop_positions(output: Sequence[int], eos_id: int | None = None) -> list[int
     return [i for i in range(1, len(output)) if output[i] != eos_id and output[i] != output[i - 1]]
 
 
-def copied(context: Sequence[int], k: int) -> bool:
-    """context[k] follows an earlier occurrence of the token before it as it did there: the text repeats
-    itself at k. Drafts are accepted where text is predictable from its context, and what a model
-    predicts from its context is first of all a repeat (an n-gram drafter copies, a draft model and a
-    small model loop)."""
-    return any(context[j] == context[k - 1] and context[j + 1] == context[k] for j in range(k - 1))
+def repeats(context: Sequence[int]) -> set[int]:
+    """The positions k where context[k] follows an earlier occurrence of the token before it as it did
+    there: where the text repeats itself. Drafts are accepted where text is predictable from its context,
+    and what a model predicts from its context is first of all a repeat (an n-gram drafter copies, a
+    draft model and a small model loop)."""
+    seen: set[tuple[int, int]] = set()
+    found = set()
+    for k in range(1, len(context)):
+        pair = (context[k - 1], context[k])
+        if pair in seen:
+            found.add(k)
+        seen.add(pair)
+    return found
 
 
 def _turn_cut(output: Sequence[int], i: int, max_tokens: int | None) -> int:
@@ -42,11 +49,11 @@ def _turn_cut(output: Sequence[int], i: int, max_tokens: int | None) -> int:
 
 def drafted_stops(prompt: Sequence[int], output: Sequence[int], max_tokens: int | None = None,
                   eos_id: int | None = None) -> list[int]:
-    """The stop positions (`stop_positions`) whose turn holds a repeat (`copied`) a draft can cover: past
+    """The stop positions (`stop_positions`) whose turn holds a repeat (`repeats`) a draft can cover: past
     the turn's position 0 (the prefill's token), up to and including the stop."""
-    context = tuple(prompt) + tuple(output)
+    at = sorted(k - len(prompt) for k in repeats(tuple(prompt) + tuple(output)) if k > len(prompt))
     return [i for i in stop_positions(output, eos_id)
-            if any(copied(context, len(prompt) + k) for k in range(_turn_cut(output, i, max_tokens) + 1, i + 1))]
+            if any(_turn_cut(output, i, max_tokens) < k <= i for k in at)]
 
 
 def restop_turn(output: Sequence[int], j: int, max_tokens: int | None = None,

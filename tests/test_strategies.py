@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from attrs import evolve
 from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
 
 from conformance.contract import Capabilities, Landmarks, NearTie
 from conformance.history_codec import capabilities_from, encode
@@ -111,9 +112,11 @@ def test_restop_puts_the_stop_after_a_repeat_where_the_text_has_one():
     """A draft is accepted where the text is predictable from its context, first of all where it repeats
     itself: positions whose turn holds a repeat of the parent's text (prompt and output) come first, at
     the drawn position or the earliest after it; without one, the drawn position rules."""
-    from conformance.scenario_runner import copied, drafted_stops, restop_turn
+    from conformance.scenario_runner import drafted_stops, repeats, restop_turn
 
-    assert copied((1, 2, 5, 6, 1, 2), 5) and not copied((1, 2, 5, 6, 1, 3), 5) and not copied((1, 1), 1)
+    assert repeats((1, 2, 5, 6, 1, 2)) == {5} and repeats((1, 2, 5, 6, 1, 3)) == set() == repeats((1, 1))
+    assert repeats((4, 4, 4, 4)) == {2, 3}  # a loop repeats itself from its third token
+
     assert drafted_stops((1, 2), (5, 6, 1, 2, 7)) == [3, 4]  # 1 2 again at output 2-3: stops at 3 and 4
     assert restop_turn((5, 6, 1, 2, 7), 1, prompt=(1, 2)) == (0, 2)  # the earliest after the drawn one
     assert restop_turn((5, 6, 1, 2, 7), 9, prompt=(1, 2)) == (0, 7)
@@ -121,6 +124,14 @@ def test_restop_puts_the_stop_after_a_repeat_where_the_text_has_one():
     # A turn resumes past the stop token's previous occurrence, so a repeat before it does not count.
     assert drafted_stops((), (4, 4, 4, 5, 4, 6)) == [3, 5]  # not 4: its turn starts past the loop
     assert drafted_stops((), (4, 4, 4, 5, 4, 6), max_tokens=1) == []  # one token: nothing but the prefill's
+
+
+@given(st.lists(st.integers(0, 3), max_size=12))
+def test_repeats_is_its_definition(context):
+    from conformance.scenario_runner import repeats
+
+    assert repeats(context) == {k for k in range(1, len(context)) for j in range(k - 1)
+                                if (context[j], context[j + 1]) == (context[k - 1], context[k])}
 
 
 def test_speculation_sweep_puts_every_knob_at_each_value_past_its_first():
