@@ -6,16 +6,15 @@ by transformers (each with its own tokenizer, no shipped tables), run through th
 Per checkpoint (`--weights`: the torch seeds of its random weights; the recipe is
 tests/test_landmark_discovery.save_checkpoint) the run starts with a landmark search of its own
 (adapters/landmark_search.py, cached per checkpoint digest under a fresh .kvparity/), then runs the
-profile. Prints one Markdown table: the landmarks found and the counts of the situations the steering is
-for (eos, same text, near-ties, stops, each inside speculation), with the run's verdict and wall time.
-Issue 28's bar reads these: eos, stop-in-speculation and same-text situations >= 5 per CI run.
+profile. Prints one Markdown table: the counts of the situations the steering is for (eos, same text,
+near-ties, stops, each inside speculation), the landmarks the run recorded it found, its verdict and wall
+time. Issue 28's bar reads these: eos, stop-in-speculation and same-text situations >= 5 per CI run.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -45,12 +44,18 @@ def run(folder: Path, profile: str, modes: str, work: Path) -> tuple[Path, float
     return Path(sorted(glob.glob(str(work / "runs" / "*" / "*" / "history.jsonl")))[-1]), time.perf_counter() - t0, code
 
 
-def landmarks(work: Path) -> str:
-    found = [json.loads(p.read_text()) for p in (work / ".kvparity" / "landmarks").glob("*.json")]
-    if not found:
-        return "none cached"
-    m = found[0]
-    return f"{len(m['eos_paths'])} eos paths, {len(m['near_ties'])} near-ties, {len(m['same_text'])} same-text in {m['search_s']:.0f} s"
+def landmarks(h) -> str:
+    """What the run's landmark search found, as the run recorded it (its capabilities)."""
+    m = h.capabilities.landmarks
+    took = "" if m.search_s is None else f" in {m.search_s:.0f} s"
+    return f"{len(m.eos_paths)} eos paths, {len(m.near_ties)} near-ties, {len(m.same_text)} same-text{took}"
+
+
+def verdict(code: int) -> str:
+    try:
+        return ExitCode(code).name
+    except ValueError:  # not one of kvparity's exit codes (a crash of the interpreter, say)
+        return str(code)
 
 
 def main() -> None:
@@ -68,14 +73,14 @@ def main() -> None:
         work = tmp / f"w{seed}"
         work.mkdir()
         path, wall, code = run(save_checkpoint(tmp, seed), args.profile, args.modes, work)
-        table = {c.name: c.count for c in coverage(load_history(path))}
-        columns.append((f"weights {seed}", table, landmarks(work), wall, code))
+        h = load_history(path)
+        columns.append((f"weights {seed}", {c.name: c.count for c in coverage(h)}, landmarks(h), wall, code))
     print("| situation | " + " | ".join(c[0] for c in columns) + " |")
     print("|---|" + "---|" * len(columns))
     for name in SHOWN:
         print(f"| `{name}` | " + " | ".join(str(c[1].get(name, "-")) for c in columns) + " |")
     print("| landmarks | " + " | ".join(c[2] for c in columns) + " |")
-    print("| verdict, wall (s) | " + " | ".join(f"{ExitCode(c[4]).name if c[4] in iter(ExitCode) else c[4]}, {c[3]:.0f}" for c in columns) + " |")
+    print("| verdict, wall (s) | " + " | ".join(f"{verdict(c[4])}, {c[3]:.0f}" for c in columns) + " |")
 
 
 if __name__ == "__main__":
