@@ -39,6 +39,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from conformance.contract import Capabilities
+from conformance.domains import sampled
 from conformance.history import BatchRecord, Example, History, HistoryWriter
 from conformance.situations import SITUATIONS, missing
 from conformance.scenario import Batch, Reset, Step
@@ -151,7 +152,7 @@ def completion_scenarios(draw: st.DrawFn, caps: Capabilities, ranked: Mapping[st
     for arm in arms():
         if arm.name in fresh:
             if ranked:
-                s.configure({k: draw(st.sampled_from(tuple(v))) for k, v in ranked.items()})
+                s.configure({k: draw(sampled(tuple(v))) for k, v in ranked.items()})
             s.steps.append(Reset())
         if not arm.applies(s):
             continue

@@ -19,7 +19,7 @@ from conformance.knobs import _VIEWS, Knob, _knob_tuple, knob_views, knobs_from_
 
 
 def _tuple_of_ints(values: Sequence[int]) -> tuple[int, ...]:
-    return tuple(int(v) for v in values)
+    return tuple(map(int, values))  # every token list of a run passes here: map, not a generator
 
 
 @frozen

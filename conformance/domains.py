@@ -76,16 +76,45 @@ def edge_tokens(caps: Capabilities) -> tuple[int, ...]:
 
 def seeded_tokens(caps: Capabilities, n: int, seed: int) -> tuple[int, ...]:
     """`n` tokens of the small alphabet (never eos; with the vocabulary's edges for one seed in
-    EDGE_PERIOD), a pure function of `seed`."""
+    EDGE_PERIOD), a pure function of `seed`: the first `n` of one endless sequence per seed, so the
+    lists of one seed are prefixes of each other (and a sequence drawn once is only extended, never
+    drawn again: a stream asks for the same seeds over and over, at every length)."""
     lo, hi = token_range(caps)
-    alphabet = [t for t in range(lo, hi + 1) if t != caps.eos_id] or [lo]
-    if seed % EDGE_PERIOD == EDGE_RESIDUE:
-        alphabet += list(edge_tokens(caps)) * max(1, len(alphabet) // 8)  # about one token in five an edge
-    rng = random.Random(seed)
-    if seed == REPEATING_SEED:
-        period = tuple(rng.choice(alphabet) for _ in range(REPEAT_PERIOD))
-        return tuple(period[i % REPEAT_PERIOD] for i in range(n))
-    return tuple(rng.choice(alphabet) for _ in range(n))
+    edges = edge_tokens(caps) if seed % EDGE_PERIOD == EDGE_RESIDUE else ()
+    return _SEQUENCES.prefix((lo, hi, caps.eos_id, edges, seed), n)
+
+
+def _alphabet(lo: int, hi: int, eos: int | None, edges: tuple[int, ...]) -> list[int]:
+    alphabet = [t for t in range(lo, hi + 1) if t != eos] or [lo]
+    return alphabet + list(edges) * max(1, len(alphabet) // 8) if edges else alphabet  # ~1 token in 5 an edge
+
+
+class _Sequences:
+    """The sequences of the seeds in use, each with the generator that extends it (a bounded cache)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._drawn: dict[tuple, tuple[random.Random, list[int], list[int]]] = {}  # key: alphabet, seed
+
+    def prefix(self, key: tuple, n: int) -> tuple[int, ...]:
+        entry = self._drawn.get(key)
+        if entry is None:
+            if len(self._drawn) >= self.size:
+                self._drawn.clear()
+            lo, hi, eos, edges, seed = key
+            entry = self._drawn[key] = (random.Random(seed), [], _alphabet(lo, hi, eos, edges))
+        rng, drawn, alphabet = entry
+        if len(drawn) < n:
+            if key[-1] == REPEATING_SEED:  # one period drawn, then repeated
+                if not drawn:
+                    drawn.extend(rng.choice(alphabet) for _ in range(REPEAT_PERIOD))
+                drawn.extend(drawn[i % REPEAT_PERIOD] for i in range(len(drawn), n))
+            else:
+                drawn.extend(rng.choice(alphabet) for _ in range(n - len(drawn)))
+        return tuple(drawn[:n])
+
+
+_SEQUENCES = _Sequences()
 
 
 @per_engine
@@ -131,8 +160,38 @@ def max_tokens(caps: Capabilities) -> st.SearchStrategy[int]:
 
 @per_engine
 def stop_ids(caps: Capabilities) -> st.SearchStrategy[tuple[int, ...]]:
-    return st.integers(0, 4).flatmap(
-        lambda n: st.just(()) if n else st.lists(tokens(caps), min_size=1, max_size=2).map(tuple))
+    """No stop ids four times in five, else one or two tokens (both strategies built once: a strategy built
+    inside the draw is validated by Hypothesis at every draw)."""
+    none, some = st.just(()), st.lists(tokens(caps), min_size=1, max_size=2).map(tuple)
+    return st.integers(0, 4).flatmap(lambda n: none if n else some)
+
+
+@per_engine
+def token_suffixes(caps: Capabilities, lo: int, hi: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """`lo` to `hi` tokens (`token_lists`): a list drawn to extend a prompt."""
+    return st.integers(lo, hi).flatmap(lambda n: token_lists(caps, n))
+
+
+@per_engine
+def roots(caps: Capabilities) -> st.SearchStrategy[list[tuple[int, ...]]]:
+    """One to three shared roots (a system prompt, few-shot examples) that a stream's requests extend."""
+    return st.lists(prompt_lengths(caps).flatmap(lambda n: token_lists(caps, n)), min_size=1, max_size=3)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sampled(elements: tuple) -> st.SearchStrategy:
+    return st.sampled_from(elements)
+
+
+def sampled(elements: Any) -> st.SearchStrategy:
+    """`st.sampled_from(elements)`, built once per distinct sequence: a stream samples from the same pools,
+    identities and step kinds again and again, and each strategy built afresh is validated afresh by
+    Hypothesis. (Unhashable elements, which a configuration's values may be, are built each time.)"""
+    elements = tuple(elements)
+    try:
+        return _sampled(elements)
+    except TypeError:
+        return st.sampled_from(elements)
 
 
 def adapter_bindings(caps: Capabilities) -> list[tuple[str | None, str | None]]:

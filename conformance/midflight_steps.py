@@ -24,7 +24,7 @@ from attrs import evolve
 from hypothesis import strategies as st
 
 from conformance.contract import ARRIVALS, Request
-from conformance.domains import max_tokens, stop_ids, token_lists
+from conformance.domains import max_tokens, sampled, stop_ids, token_lists, token_suffixes
 from conformance.scenario import Continuation, renamed
 from conformance.stream import Stream
 
@@ -37,9 +37,9 @@ def _reschedule(s: Stream) -> None:
     knobs = sorted(k for k, role in s.caps.knob_roles.items() if role == "schedule" and len(s.caps.config_space[k]) > 1)
     if not knobs or not s.draw(st.booleans()):
         return
-    knob = s.draw(st.sampled_from(knobs))
+    knob = s.draw(sampled(knobs))
     others = [v for v in s.caps.config_space[knob] if str(v) != str(s.current.get(knob, s.caps.config_space[knob][0]))]
-    s.configure({**s.current, knob: s.draw(st.sampled_from(others))})
+    s.configure({**s.current, knob: s.draw(sampled(others))})
 
 
 def abort_edges(bs: int, prompt_len: int, budget: int) -> list[int]:
@@ -53,7 +53,7 @@ def abort_points(s: Stream, prompt_len: int, budget: int) -> st.SearchStrategy[i
     """An abort point from the whole domain 0 .. max_tokens (max_tokens: too late, the request has
     finished), the boundaries first; None (not aborted) now and then."""
     edges = abort_edges(s.bs, prompt_len, budget)
-    return st.one_of(st.sampled_from(edges), st.integers(0, budget), st.sampled_from(edges), st.none())
+    return st.one_of(sampled(edges), st.integers(0, budget), sampled(edges), st.none())
 
 
 def arrival_points(leader: Request) -> st.SearchStrategy[int | None]:
@@ -63,7 +63,7 @@ def arrival_points(leader: Request) -> st.SearchStrategy[int | None]:
     and None (before the first step) now and then."""
     end = leader.max_tokens
     edges = sorted({0, 1, end, end + 1})
-    return st.one_of(st.sampled_from(edges), st.integers(0, end + 1), st.none())
+    return st.one_of(sampled(edges), st.integers(0, end + 1), st.none())
 
 
 def _timed(s: Stream, r: Request, leader: Request) -> Request:
@@ -76,7 +76,7 @@ def _timed(s: Stream, r: Request, leader: Request) -> Request:
 def _leader(s: Stream) -> Request:
     pool = s.requests_in_pool()
     if pool and s.draw(st.booleans()):
-        base = s.draw(st.sampled_from(pool))
+        base = s.draw(sampled(pool))
         return Request(s.next_id(), base.prompt[:s.top], s.draw(max_tokens(s.caps)), base.stop_ids, base.identity)
     return s.fresh_request()
 
@@ -85,7 +85,7 @@ def _sharer(s: Stream, leader: Request) -> Request:
     """A prompt sharing a drawn prefix of the leader's (at least a block where it has one), same identity."""
     n = len(leader.prompt)
     cut = s.draw(st.integers(min(n, s.bs + 1), n)) if n > 1 else n
-    suffix = s.draw(st.integers(0, s.bs).flatmap(lambda k: token_lists(s.caps, k)))
+    suffix = s.draw(token_suffixes(s.caps, 0, s.bs))
     prompt = (leader.prompt[:cut] + suffix)[:s.top] or leader.prompt[:1]
     return Request(s.next_id(), prompt, s.draw(max_tokens(s.caps)), s.draw(stop_ids(s.caps)), leader.identity)
 
@@ -101,11 +101,11 @@ def midflight(s: Stream) -> tuple:
     timed[0] = evolve(timed[0], arrive_at_step=None)  # something runs from the first step
     s.add_batch(tuple(timed))
     aborted = [r for r in timed if r.abort_after is not None] or timed[:1]
-    victim = s.draw(st.sampled_from(aborted))
+    victim = s.draw(sampled(aborted))
     again: list = [Continuation(s.next_id(), victim.id, s.draw(token_lists(s.caps, s.draw(st.integers(1, s.bs)))),
                                 s.draw(max_tokens(s.caps)), (), victim.identity, s.top)]
     others = [i for i in s.identities if i != leader.identity]
     if others:  # always: a coin here left the cross-identity resend to how Hypothesis read one boolean
-        again.append(evolve(renamed(aborted[0], s.next_id(), s.top), identity=s.draw(st.sampled_from(others))))
+        again.append(evolve(renamed(aborted[0], s.next_id(), s.top), identity=s.draw(sampled(others))))
     again += [renamed(r, s.next_id(), s.top) for r in aborted]
     return tuple(again[:s.max_batch])

@@ -9,7 +9,7 @@ from attrs import evolve
 from hypothesis import strategies as st
 
 from conformance.contract import Request
-from conformance.domains import nearest_by_input, token_lists
+from conformance.domains import nearest_by_input, sampled, token_lists
 from conformance.scenario import renamed
 from conformance.step_kinds import (STEP_KINDS, _eos, _eos_paths, _flood, _flush_resend, _near_ties_tail)
 from conformance.stream import StepKind, Stream
@@ -44,7 +44,7 @@ def _cross_identity_tail(s: Stream) -> None:
     bs = s.bs
     victims = [p for p in s.requests_in_pool() if bs < len(p.prompt) <= s.top]
     if victims:
-        victim = s.draw(st.sampled_from(victims))
+        victim = s.draw(sampled(victims))
     else:
         base = s.fresh_request()
         victim = evolve(base, prompt=(base.prompt + s.draw(token_lists(s.caps, bs + 1)))[:bs + 1])
@@ -52,11 +52,11 @@ def _cross_identity_tail(s: Stream) -> None:
     prompt = victim.prompt[:bs + 1]
     s.add_batch((Request(s.next_id(), prompt, 1, victim.stop_ids, victim.identity),))
     near = nearest_by_input(victim.identity, [i for i in s.identities if i != victim.identity])
-    others = [s.draw(st.sampled_from(near[which])) for which in ("revision", "salt", "adapter") if which in near]
+    others = [s.draw(sampled(near[which])) for which in ("revision", "salt", "adapter") if which in near]
     if others:
         s.add_batch(tuple(Request(s.next_id(), prompt, 1, victim.stop_ids, other) for other in others))
     if "reload" in near:  # a batch of its own: an adapter name has one binding per batch
-        s.add_batch((Request(s.next_id(), prompt, 1, victim.stop_ids, s.draw(st.sampled_from(near["reload"]))),))
+        s.add_batch((Request(s.next_id(), prompt, 1, victim.stop_ids, s.draw(sampled(near["reload"]))),))
 
 
 def _flush_tail(s: Stream) -> None:
@@ -78,7 +78,7 @@ def _pressure_tail(s: Stream) -> None:
 def speculating(s: Stream) -> dict[str, Any]:
     """The configuration in effect with every speculation knob off its first value (the default, which
     is usually "off")."""
-    return {**s.current, **{k: s.draw(st.sampled_from(tuple(s.caps.config_space[k])[1:])) for k in s.spec}}
+    return {**s.current, **{k: s.draw(sampled(tuple(s.caps.config_space[k])[1:])) for k in s.spec}}
 
 
 def speculation_sweep(s: Stream, fixed: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -94,7 +94,7 @@ def scheduling(s: Stream) -> dict[str, Any]:
     """The configuration in effect with every schedule knob (chunk size, token budget) off its first value."""
     knobs = [k for k, v in sorted(s.caps.config_space.items())
              if s.caps.knob_roles.get(k) == "schedule" and len(tuple(v)) > 1]
-    return {**s.current, **{k: s.draw(st.sampled_from(tuple(s.caps.config_space[k])[1:])) for k in knobs}}
+    return {**s.current, **{k: s.draw(sampled(tuple(s.caps.config_space[k])[1:])) for k in knobs}}
 
 
 def _switched(s: Stream, switch: Callable[[Stream], dict[str, Any]], kind: StepKind) -> None:

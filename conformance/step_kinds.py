@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from conformance import step_counts
 from conformance.contract import EosPath, Identity, Request
-from conformance.domains import (adapter_bindings, max_tokens, nearest_by_input, stop_ids,
-                                 token_lists)
+from conformance.domains import (adapter_bindings, max_tokens, nearest_by_input, sampled, stop_ids, token_lists,
+                                 token_suffixes)
 from conformance.midflight_steps import applies as midflight_applies, midflight
 from conformance.scenario import MAX_NEW, Continuation, Reset, renamed
 from conformance.stream import StepKind, Stream
@@ -25,8 +25,8 @@ def _resend(s: Stream) -> tuple:
 
 
 def _continue(s: Stream) -> tuple:
-    parent = s.draw(st.sampled_from(s.pool))
-    extra = s.draw(st.integers(1, s.caps.block_size + 1).flatmap(lambda n: token_lists(s.caps, n)))
+    parent = s.draw(sampled(s.pool))
+    extra = s.draw(token_suffixes(s.caps, 1, s.caps.block_size + 1))
     return (Continuation(s.next_id(), parent.id, extra, s.draw(max_tokens(s.caps)), s.draw(stop_ids(s.caps)),
                          parent.identity, s.top),)
 
@@ -43,9 +43,9 @@ def _restop(s: Stream) -> tuple:
     # ran on (no stop of its own, room for more than one token) where there is one, and its max_tokens
     # 2 or more (the ends weighted); the turn resumes the parent's text as far as it must to reach the
     # stop (`scenario_runner.restop_turn`). A batch of them, of any size the stream allows.
-    parents = st.sampled_from([p for p in s.pool if runs_on(p)] or s.pool)
-    at = st.one_of(st.sampled_from((1, MAX_NEW)), st.integers(1, MAX_NEW))
-    budget = st.one_of(st.sampled_from((2, MAX_NEW)), st.integers(2, MAX_NEW))
+    parents = sampled([p for p in s.pool if runs_on(p)] or s.pool)
+    at = st.one_of(sampled((1, MAX_NEW)), st.integers(1, MAX_NEW))
+    budget = st.one_of(sampled((2, MAX_NEW)), st.integers(2, MAX_NEW))
 
     def turn(parent: Request | Continuation) -> Continuation:
         return Continuation(s.next_id(), parent.id, s.draw(token_lists(s.caps, 1)), s.draw(budget), (),
@@ -56,15 +56,15 @@ def _restop(s: Stream) -> tuple:
 def _poison(s: Stream) -> tuple:
     # Half the time the nearest other identity (one input changed: a key that drops exactly that input
     # collides), else any other one.
-    victim = s.draw(st.sampled_from(s.requests_in_pool()))
+    victim = s.draw(sampled(s.requests_in_pool()))
     others = [i for i in s.identities if i != victim.identity]
     near = nearest_by_input(victim.identity, others)
     if near and s.draw(st.booleans()):
-        other = s.draw(st.sampled_from(sorted(near)).flatmap(lambda k: st.sampled_from(near[k])))
+        other = s.draw(sampled(sorted(near)).flatmap(lambda k: sampled(near[k])))
     else:
-        other = s.draw(st.sampled_from(others))
+        other = s.draw(sampled(others))
     # Often the very same prompt (one tenant's exact request under another's identity).
-    suffix = s.draw(st.one_of(st.just(()), st.integers(1, s.caps.block_size).flatmap(lambda n: token_lists(s.caps, n))))
+    suffix = s.draw(st.one_of(st.just(()), token_suffixes(s.caps, 1, s.caps.block_size)))
     return (Request(s.next_id(), (victim.prompt + suffix)[:s.top], victim.max_tokens, victim.stop_ids, other),)
 
 
@@ -79,15 +79,15 @@ def _splice(s: Stream) -> tuple:
     # a shifted tail, a block repeated, two prompts' heads joined. Only a key chained to its parent tells
     # them apart, and only KV computed at its own positions serves them. Shrinks to a resend plus a token.
     bs = s.bs
-    first = s.draw(st.sampled_from(_spliceable(s)))
+    first = s.draw(sampled(_spliceable(s)))
     same = [p for p in _spliceable(s) if p.identity == first.identity]
     prompt: tuple = ()
     for i in range(s.draw(st.integers(1, 3))):
-        p = first if i == 0 else s.draw(st.sampled_from(same))
+        p = first if i == 0 else s.draw(sampled(same))
         blocks = len(p.prompt) // bs
         start = s.draw(st.integers(0, blocks - 1))
         prompt += p.prompt[start * bs:(start + s.draw(st.integers(1, blocks - start))) * bs]
-    suffix = s.draw(st.integers(1, bs).flatmap(lambda n: token_lists(s.caps, n)))
+    suffix = s.draw(token_suffixes(s.caps, 1, bs))
     return (Request(s.next_id(), (prompt + suffix)[:s.top], first.max_tokens, first.stop_ids, first.identity),)
 
 
@@ -130,7 +130,7 @@ def landmark_revisions(s: Stream) -> set[str]:
 def _landmark_identity(s: Stream, revision: str) -> Identity:
     """The landmark's own weights (no adapter: it was found on the base model), any salt."""
     salts = sorted({i.salt for i in s.identities}, key=lambda x: (x is not None, x or ""))
-    return Identity(revision=revision, salt=s.draw(st.sampled_from(salts)))
+    return Identity(revision=revision, salt=s.draw(sampled(salts)))
 
 
 def _eos_paths(s: Stream) -> list[EosPath]:
@@ -148,14 +148,14 @@ def _eos(s: Stream, path: EosPath | None = None, at: int | None = None) -> tuple
     # Often a second offset of the same path in the next batch: it shares the first's prompt, so it
     # meets eos on a warm cache. `path` and `at` given: that one placement (the bonus tail's), always
     # sent twice, the second time on the first's cache, with room past eos (so only eos can end it).
-    path = path or s.draw(st.sampled_from(_eos_paths(s)))
+    path = path or s.draw(sampled(_eos_paths(s)))
     ident = _landmark_identity(s, path.revision)
     items, given = [], at is not None
     for _ in range(2 if given else s.draw(st.integers(1, 2))):
         at = len(path.continuation) - s.draw(st.integers(0, len(path.continuation))) if at is None else at  # deepest first
         prompt = path.prompt + path.continuation[:len(path.continuation) - at]
         budget = s.draw(st.integers(at + 2, MAX_NEW) if given else
-                        st.one_of(st.integers(at + 1, MAX_NEW), st.sampled_from((at + 1, max(1, at)))))
+                        st.one_of(st.integers(at + 1, MAX_NEW), sampled((at + 1, max(1, at)))))
         items.append(Request(s.next_id(), prompt, budget, s.draw(stop_ids(s.caps)), ident))
     for warm in items[:-1]:
         s.add_batch((warm,))
@@ -164,7 +164,7 @@ def _eos(s: Stream, path: EosPath | None = None, at: int | None = None) -> tuple
 
 def _near_tie(s: Stream) -> tuple:
     revs = landmark_revisions(s)
-    tie = s.draw(st.sampled_from([t for t in s.caps.landmarks.near_ties if t.revision in revs and len(t.prompt) <= s.top]))
+    tie = s.draw(sampled([t for t in s.caps.landmarks.near_ties if t.revision in revs and len(t.prompt) <= s.top]))
     tied = Request(s.next_id(), tie.prompt, s.draw(max_tokens(s.caps)), (), _landmark_identity(s, tie.revision))
     s.add_batch((tied,))  # cold, then again warm: the tie decided on the prefill path and on the cache-hit path
     return (renamed(tied, s.next_id(), s.top),)
@@ -197,9 +197,9 @@ def _respell(s: Stream) -> None:
     # Half the time two pairs swapped the opposite ways, so both spellings have as many tokens (and
     # every block the same text and token count: a block key built from text collides then too).
     pairs = s.caps.landmarks.same_text
-    one, other = s.draw(st.sampled_from(pairs))
+    one, other = s.draw(sampled(pairs))
     if s.draw(st.booleans()):
-        one2, other2 = s.draw(st.sampled_from(pairs))
+        one2, other2 = s.draw(sampled(pairs))
         one, other = one + other2, other + one2
     elif s.draw(st.booleans()):
         one, other = other, one
@@ -222,11 +222,11 @@ def colliding_pair(s: Stream) -> tuple[Identity, Identity]:
     separation (`salt + sep + adapter` vs salt alone): a key built that way serves one the other's KV.
     The salt is one in play and the separator any one character or none (drawn, not listed)."""
     named = [(n, d) for n, d in adapter_bindings(s.caps) if n]
-    name, digest = s.draw(st.sampled_from(named))
+    name, digest = s.draw(sampled(named))
     sep = s.draw(st.text(max_size=1))
-    stem = s.draw(st.sampled_from(sorted({i.salt for i in s.identities if i.salt})))
-    revision = s.draw(st.sampled_from(sorted(landmark_revisions(s))))
-    fused = Identity(revision=revision, salt=s.draw(st.sampled_from((stem + sep + name, name + sep + stem))))
+    stem = s.draw(sampled(sorted({i.salt for i in s.identities if i.salt})))
+    revision = s.draw(sampled(sorted(landmark_revisions(s))))
+    fused = Identity(revision=revision, salt=s.draw(sampled((stem + sep + name, name + sep + stem))))
     split = Identity(revision=revision, adapter=name, adapter_digest=digest, salt=stem)
     return (fused, split) if s.draw(st.booleans()) else (split, fused)
 
@@ -234,7 +234,7 @@ def colliding_pair(s: Stream) -> tuple[Identity, Identity]:
 def _collide(s: Stream) -> None:
     first, second = colliding_pair(s)
     pool = s.requests_in_pool()
-    base = s.draw(st.sampled_from(pool)) if pool and s.draw(st.booleans()) else s.fresh_request()
+    base = s.draw(sampled(pool)) if pool and s.draw(st.booleans()) else s.fresh_request()
     prompt = base.prompt[:min(s.top, 2 * s.bs + 1)]
     for ident in (first, second):
         s.add_batch((Request(s.next_id(), prompt, base.max_tokens, base.stop_ids, ident),))
@@ -250,9 +250,9 @@ def _reloadable(s: Stream) -> list[Request]:
 def _reload(s: Stream) -> tuple:
     # The adapter reloaded in place (same name, other weights), then the same prompt: the KV of the old
     # weights must not serve it (BUG_CLASSES A).
-    victim = s.draw(st.sampled_from(_reloadable(s)))
+    victim = s.draw(sampled(_reloadable(s)))
     name = victim.identity.adapter
-    other = s.draw(st.sampled_from(sorted(d for n, d in adapter_bindings(s.caps)
+    other = s.draw(sampled(sorted(d for n, d in adapter_bindings(s.caps)
                                           if n == name and d != victim.identity.adapter_digest)))
     return (Request(s.next_id(), victim.prompt[:s.top], victim.max_tokens, victim.stop_ids,
                     evolve(victim.identity, adapter_digest=other)),)
@@ -263,7 +263,7 @@ def _sharers(s: Stream) -> tuple:
     # very step another member wants them (under chunked prefill, over several steps).
     bs = s.bs
     top = max(2, s.top - bs)
-    root = s.draw(st.integers(min(bs + 1, top), min(top, 2 * bs + 1)).flatmap(lambda n: token_lists(s.caps, n)))
+    root = s.draw(token_suffixes(s.caps, min(bs + 1, top), min(top, 2 * bs + 1)))
     ident = s.draw(s.ident)
     return tuple(Request(s.next_id(), (root + s.draw(token_lists(s.caps, s.draw(st.integers(1, max(1, bs // 2))))))[:s.top],
                          s.draw(max_tokens(s.caps)), s.draw(stop_ids(s.caps)), ident)

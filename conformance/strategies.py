@@ -16,6 +16,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from conformance.contract import Capabilities
+from conformance.domains import sampled
 from conformance.scenario import Step
 from conformance.steering import STEERING, TAILS
 from conformance.step_kinds import KINDS, draw_step
@@ -29,7 +30,7 @@ def scenarios(draw: st.DrawFn, caps: Capabilities, max_steps: int = 6, max_batch
     if caps.config_space:
         s.configure()
     for _ in range(draw(st.integers(min(2, max_steps), max_steps))):
-        draw_step(s, draw(st.sampled_from(KINDS)))
+        draw_step(s, draw(sampled(KINDS)))
     for tail in TAILS:
         if tail.applies(s) and draw(st.booleans()):
             tail.build(s)

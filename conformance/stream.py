@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Callable, Mapping, Union
 
@@ -10,8 +11,8 @@ from hypothesis import strategies as st
 
 from conformance.contract import Capabilities, Request
 from conformance.domains import (all_identities, at_context_end, configs, derived_salts,
-                                 max_prompt_len, max_tokens, one_binding_per_adapter, prompt_lengths, spec_knobs,
-                                 stop_ids, token_lists)
+                                 max_prompt_len, max_tokens, one_binding_per_adapter, prompt_lengths, roots, sampled,
+                                 spec_knobs, stop_ids, token_lists)
 from conformance.scenario import Batch, Configure, Continuation, Step
 
 
@@ -27,10 +28,9 @@ class Stream:
         self.draw, self.caps, self.max_batch, self.id_prefix = draw, caps, max_batch, id_prefix
         self.top = max_prompt_len(caps)
         self.limit = caps.context_limit()  # tokens one request may take in the configuration in effect
-        self.roots = draw(st.lists(prompt_lengths(caps).flatmap(lambda n: token_lists(caps, n)),
-                                   min_size=1, max_size=3))
+        self.roots = draw(roots(caps))
         self.identities = all_identities(caps, draw(derived_salts(caps)))
-        self.ident = st.sampled_from(self.identities)
+        self.ident = sampled(self.identities)
         self._ids = itertools.count()
         self.steps: list[Step] = []
         self.pool: list[Union[Request, Continuation]] = []
@@ -78,18 +78,27 @@ class Stream:
 
     def respeculate(self) -> None:
         """Another value of one speculation knob, every other knob as configured."""
-        knob = self.draw(st.sampled_from(self.spec))
+        knob = self.draw(sampled(self.spec))
         others = [v for v in self.caps.config_space[knob] if str(v) != str(self.current.get(knob))]
-        self.configure({**self.current, knob: self.draw(st.sampled_from(others))})
+        self.configure({**self.current, knob: self.draw(sampled(others))})
 
     def pick_from_pool(self) -> list[Union[Request, Continuation]]:
-        return self.draw(st.lists(st.sampled_from(self.pool), min_size=1, max_size=self.max_batch,
-                                  unique_by=lambda p: p.id))
+        return self.draw(_some_of(tuple(self.pool), self.max_batch))
 
     def add_batch(self, items: tuple) -> None:
         items = one_binding_per_adapter(items)
         self.steps.append(Batch(items))
         self.pool.extend(items)
+
+def _item_id(item: Union[Request, Continuation]) -> str:
+    return item.id
+
+
+@functools.lru_cache(maxsize=1024)
+def _some_of(pool: tuple, most: int) -> st.SearchStrategy[list]:
+    """One to `most` distinct items of `pool` (built once per pool: see `domains.sampled`)."""
+    return st.lists(sampled(pool), min_size=1, max_size=most, unique_by=_item_id)
+
 
 @frozen
 class StepKind:
