@@ -121,10 +121,11 @@ def legacy_knob_role(name: str) -> str:
     return "schedule"
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def oracle_key_str(request: Request) -> str:
     """The oracle key as a stable string (JSON object keys must be strings): the repr of a tuple of
-    strings, None and ints, which is deterministic and far cheaper than JSON (it is built for every
-    result, several times)."""
+    strings, None and ints, which is deterministic and far cheaper than JSON. Kept per request (a request
+    hashes faster than its key prints): the checks, the oracle and the history ask for it again and again."""
     return repr(request.oracle_key())
 
 

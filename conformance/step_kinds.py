@@ -44,13 +44,15 @@ def _restop(s: Stream) -> tuple:
     # 2 or more (the ends weighted); the turn resumes the parent's text as far as it must to reach the
     # stop (`scenario_runner.restop_turn`). A batch of them, of any size the stream allows.
     parents = sampled([p for p in s.pool if runs_on(p)] or s.pool)
-    at = st.one_of(sampled((1, MAX_NEW)), st.integers(1, MAX_NEW))
-    budget = st.one_of(sampled((2, MAX_NEW)), st.integers(2, MAX_NEW))
 
     def turn(parent: Request | Continuation) -> Continuation:
-        return Continuation(s.next_id(), parent.id, s.draw(token_lists(s.caps, 1)), s.draw(budget), (),
-                            parent.identity, s.top, restop=s.draw(at))
+        return Continuation(s.next_id(), parent.id, s.draw(token_lists(s.caps, 1)), s.draw(_TURN_BUDGET), (),
+                            parent.identity, s.top, restop=s.draw(_STOP_AT))
     return tuple(turn(s.draw(parents)) for _ in range(s.draw(st.integers(1, s.max_batch))))
+
+
+_STOP_AT = st.one_of(st.sampled_from((1, MAX_NEW)), st.integers(1, MAX_NEW))
+_TURN_BUDGET = st.one_of(st.sampled_from((2, MAX_NEW)), st.integers(2, MAX_NEW))
 
 
 def _poison(s: Stream) -> tuple:
