@@ -51,10 +51,11 @@ class EngineCalls:
         self.timeout_s = timeout_s
         self.abandoned = False
         self.busy_s = 0.0  # time spent inside the engine (benchmarks/harness_overhead.py divides by it)
-        self._jobs: queue.Queue | None = None
+        self._jobs: queue.SimpleQueue | None = None
 
-    def _start(self) -> queue.Queue:
-        jobs: queue.Queue = queue.Queue()
+    def _start(self) -> queue.SimpleQueue:
+        jobs: queue.SimpleQueue = queue.SimpleQueue()  # C primitives (SimpleQueue, a bare lock per call):
+        # the handoff is paid twice per engine call, and Queue and Event cost 50 us of Python for it
         threading.Thread(target=self._loop, args=(jobs,), name="kvparity-engine-call", daemon=True).start()
         return jobs
 
@@ -65,7 +66,7 @@ class EngineCalls:
             self._jobs = None
 
     @staticmethod
-    def _loop(jobs: queue.Queue) -> None:
+    def _loop(jobs: queue.SimpleQueue) -> None:
         while True:
             job = jobs.get()
             if job is None:
@@ -77,7 +78,7 @@ class EngineCalls:
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 box["error"] = exc
             box["busy_s"] = time.perf_counter() - started
-            done.set()
+            done.release()
 
     def __call__(self, fn: Callable[[], T], what: str) -> T:
         """Run `fn`; a hang past the timeout or any exception becomes an `EngineError` naming `what`.
@@ -85,11 +86,12 @@ class EngineCalls:
         if self._jobs is None:
             self._jobs = self._start()
         box: dict[str, Any] = {}
-        done = threading.Event()
+        done = threading.Lock()
+        done.acquire()  # released by the worker when the call returns
         stopping.check()
         self._jobs.put((fn, box, done))
         deadline = time.monotonic() + self.timeout_s
-        while not done.wait(max(0.0, min(stopping.POLL_S, deadline - time.monotonic()))):
+        while not done.acquire(timeout=max(0.0, min(stopping.POLL_S, deadline - time.monotonic()))):
             stopping.check()  # a SIGTERM / SIGHUP ends the run here, at a safe point (conformance.stopping)
             if time.monotonic() >= deadline:
                 self._jobs, self.abandoned = None, True

@@ -353,9 +353,11 @@ class HistoryBuilder:
             ex.step_list.append({"step": "batch", "requests": ev["requests"]})
         if requests is None:
             raise ValueError("a batch event without a submit event before it")
+        # the submit's requests were parsed when it was fed (`in_flight`); an older history's, here
+        parsed = list(self.history.in_flight) if requests is self._pending else [request_from(r) for r in requests]
         ex.batches.append(BatchRecord(
             example=ex.index, index=len(ex.batches), epoch=self._epoch, segment=self._segment,
-            config=self._config, requests=[request_from(r) for r in requests],
+            config=self._config, requests=parsed,
             results=[result_from(r) for r in ev["results"]], snapshot=ev.get("snapshot"),
             evictions_before=self._evictions))
         self._pending, self.history.in_flight = None, ()
