@@ -42,7 +42,7 @@ from conformance import untrusted
 from conformance.contract import Baseline, Capabilities, Request, Result
 from conformance.history_chain import FIELD as CHAIN_FIELD
 from conformance.history_chain import GENESIS, Integrity, chained_line, verify
-from conformance.history_codec import (alone_pairs, baseline_from, capabilities_from, current_key, encode, oracle_key_str,
+from conformance.history_codec import (alone_pairs, baseline_from, capabilities_from, current_key, json_default, oracle_key_str,
                                        request_from, result_from)
 
 # --------------------------------------------------------------------------- writing
@@ -84,7 +84,7 @@ class HistoryWriter:
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         if event == "run_end":  # the seal: how many events it closes, and the last one's chain value
             fields = {**fields, "events": len(self.events), "sealed": self._chain}
-        body = json.dumps({"event": event, **encode(fields)}, separators=(",", ":"), allow_nan=False)
+        body = json.dumps({"event": event, **fields}, separators=(",", ":"), allow_nan=False, default=json_default)
         line, self._chain = chained_line(self._chain, body)
         record = json.loads(line)
         self.events.append(record)

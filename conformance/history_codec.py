@@ -53,6 +53,19 @@ def encode(obj: Any) -> Any:
     return repr(obj)
 
 
+def json_default(obj: Any) -> Any:
+    """`encode` for what `json.dumps` cannot write itself (`default=`): contract values, sets, other
+    mappings and, as a repr, anything else. The history writes every event this way: the JSON encoder
+    walks the token lists and logprob rows in C, and only the contract values cost Python. (Keys of
+    plain dicts follow JSON's rules; an engine's are strings, validated at the boundary.)"""
+    names = _attrs_fields(type(obj))
+    if names is not None:
+        return {n: getattr(obj, n) for n in names}
+    if isinstance(obj, abc.Mapping):
+        return {str(k): v for k, v in obj.items()}
+    return encode(obj)
+
+
 def identity_from(d: Mapping[str, Any] | None) -> Identity:
     return Identity(**d) if d else Identity()
 

@@ -8,11 +8,13 @@ import json
 import pytest
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conformance.analysis import analyse
 from conformance.contract import Baseline, Capabilities, Identity, Request, Result
 from conformance.history import HistoryWriter, NotAHistory, load, read_events
-from conformance.history_codec import baseline_from, capabilities_from, encode, request_from, result_from
+from conformance.history_codec import (baseline_from, capabilities_from, encode, json_default, request_from,
+                                       result_from)
 from conformance.oracle import DIVERGE, EQUAL, FINISH, NEAR_TIE, Oracle, compare, compare_pair
 from conformance.domains import adapter_bindings, all_identities, edge_tokens, token_range
 from conformance.scenario import Batch, Configure, Continuation, step_from_json, step_to_json
@@ -30,6 +32,30 @@ def test_contract_values_round_trip_through_json():
     assert request_from(json.loads(json.dumps(encode(q)))) == q
     assert result_from(json.loads(json.dumps(encode(r)))) == r
     assert capabilities_from(json.loads(json.dumps(encode(CAPS)))) == CAPS
+
+
+_JSON_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+                         st.text(max_size=3))
+_EVENT_VALUES = st.recursive(
+    st.one_of(_JSON_LEAVES, st.builds(Identity, salt=st.none() | st.text(max_size=2)),
+              st.builds(Request, st.text(max_size=2), st.lists(st.integers(0, 9), max_size=4), st.integers(1, 4))),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
+                            st.frozensets(st.integers(), max_size=3), st.dictionaries(st.text(max_size=2), inner, max_size=3)),
+    max_leaves=12)
+
+
+@given(_EVENT_VALUES)
+def test_the_writer_spells_every_value_as_encode_does(value):
+    """The history writer lets the JSON encoder walk the containers and calls `json_default` only for what
+    it cannot write; the line must be the one `encode` gave (the chain's digests and every reader rely on it)."""
+    assert (json.dumps({"v": value}, default=json_default, allow_nan=False)
+            == json.dumps({"v": encode(value)}, allow_nan=False))
+
+
+def test_contract_values_need_the_default_hook():
+    with pytest.raises(TypeError):
+        json.dumps(Identity(salt="s"))  # the crafted case: without the hook a contract value is not JSON
+    assert json.loads(json.dumps(Identity(salt="s"), default=json_default)) == encode(Identity(salt="s"))
 
 
 def test_history_is_on_disk_before_checking_and_a_torn_line_is_reported(tmp_path):
