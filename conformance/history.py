@@ -216,6 +216,9 @@ class Example:
     alone: tuple[tuple[int, str], ...] | None = None  # re-sends (alone.py): the (example, id) pairs re-sent alone,
     kin: tuple[tuple[int, str], ...] | None = None  # in their batch under one identity,
     rebatch: tuple[tuple[int, str], ...] | None = None  # in their batch whole (each after a reset)
+    # What conformance.history_facts.reuse_scan found, with the number of batches it walked: the checks,
+    # the vacuity guard and coverage each walk every result, and an example's batches only ever grow.
+    reuse: tuple[int, list] | None = field(default=None, init=False, eq=False, repr=False)
 
     def steps(self) -> list[dict[str, Any]]:
         return list(self.step_list)

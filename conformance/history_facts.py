@@ -15,7 +15,7 @@ import functools
 from typing import Any, Iterable, Mapping
 
 from conformance.contract import Capabilities, Identity, Request, Result
-from conformance.history import BatchRecord, History
+from conformance.history import BatchRecord, Example, History
 
 
 def lcp(a: Iterable[int], b: Iterable[int]) -> int:
@@ -75,19 +75,25 @@ def reuse_scan(h: History) -> Iterable[tuple[BatchRecord, int, Request, Result, 
     another order (an HTTP server does), and KV shared within one identity is never a leak.
     """
     for ex in h.examples:
-        seen: list[tuple[Identity, tuple[int, ...]]] = []
-        epoch = None
-        for b in ex.batches:
-            if b.epoch != epoch:
-                seen, epoch = [], b.epoch
-            for i, q, r in b.pairs():
-                later = [p.prompt for p in b.requests[i + 1:] if p.identity == q.identity]
-                same = max([lcp(q.prompt, s) for ident, s in seen if ident == q.identity]
-                           + [lcp(q.prompt, s) for s in later], default=0)
-                other = max((lcp(q.prompt, s) for ident, s in seen if ident != q.identity), default=0)
-                yield b, i, q, r, same, other
-                seen.append((q.identity, q.prompt))
-                seen.append((q.identity, q.prompt + tuple(r.output)))
+        if ex.reuse is None or ex.reuse[0] != len(ex.batches):
+            ex.reuse = (len(ex.batches), list(_reuse_in(ex)))
+        yield from ex.reuse[1]
+
+
+def _reuse_in(ex: Example) -> Iterable[tuple[BatchRecord, int, Request, Result, int, int]]:
+    seen: list[tuple[Identity, tuple[int, ...]]] = []
+    epoch = None
+    for b in ex.batches:
+        if b.epoch != epoch:
+            seen, epoch = [], b.epoch
+        for i, q, r in b.pairs():
+            later = [p.prompt for p in b.requests[i + 1:] if p.identity == q.identity]
+            same = max([lcp(q.prompt, s) for ident, s in seen if ident == q.identity]
+                       + [lcp(q.prompt, s) for s in later], default=0)
+            other = max((lcp(q.prompt, s) for ident, s in seen if ident != q.identity), default=0)
+            yield b, i, q, r, same, other
+            seen.append((q.identity, q.prompt))
+            seen.append((q.identity, q.prompt + tuple(r.output)))
 
 
 def cross_identity_threshold(caps: Capabilities | None) -> int:
