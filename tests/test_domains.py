@@ -129,3 +129,56 @@ def test_a_refused_result_with_output_is_malformed():
     with pytest.raises(EngineError, match="refused request has no output"):
         validate_result(q, Result("r", (7,), "refused"), LIMITED)
     validate_result(q, res("r", (), "refused", cached=None), LIMITED)
+
+
+def _seeded_by_definition(caps: Capabilities, n: int, seed: int) -> tuple[int, ...]:
+    """What `seeded_tokens` is defined as: n choices of a fresh generator seeded by `seed` (one period,
+    repeated, for the repeating seed), the vocabulary's edges added for one seed in EDGE_PERIOD."""
+    import random
+
+    from conformance.domains import REPEAT_PERIOD, REPEATING_SEED
+    lo, hi = token_range(caps)
+    alphabet = [t for t in range(lo, hi + 1) if t != caps.eos_id] or [lo]
+    if seed % EDGE_PERIOD == EDGE_RESIDUE:
+        alphabet += list(edge_tokens(caps)) * max(1, len(alphabet) // 8)
+    rng = random.Random(seed)
+    if seed == REPEATING_SEED:
+        period = [rng.choice(alphabet) for _ in range(REPEAT_PERIOD)]
+        return tuple(period[i % REPEAT_PERIOD] for i in range(n))
+    return tuple(rng.choice(alphabet) for _ in range(n))
+
+
+@given(st.lists(st.tuples(st.integers(0, 80), st.one_of(st.integers(0, 15), st.integers(16, 2**24))), max_size=12))
+def test_seeded_tokens_are_their_definition_in_any_order_of_asking(asks):
+    """A seed's sequence is drawn once and extended (a stream asks for the same seeds at every length):
+    whatever order lengths are asked in, each answer is the definition's."""
+    for n, seed in asks:
+        assert seeded_tokens(CAPS, n, seed) == _seeded_by_definition(CAPS, n, seed)
+
+
+def test_an_extension_from_a_fresh_generator_is_not_the_sequence():
+    """The crafted other side: a cache that extended a prefix with a fresh generator's draws (not the one
+    that drew the prefix) would give other tokens, and the definition tells the two apart."""
+    import random
+
+    lo, hi = token_range(CAPS)
+    alphabet = [t for t in range(lo, hi + 1) if t != CAPS.eos_id]
+    first = seeded_tokens(CAPS, 5, 12345)
+    fresh = random.Random(12345)
+    wrong = first + tuple(fresh.choice(alphabet) for _ in range(5))
+    assert wrong != _seeded_by_definition(CAPS, 10, 12345)
+    assert seeded_tokens(CAPS, 10, 12345) == _seeded_by_definition(CAPS, 10, 12345)
+
+
+def test_sampled_is_built_once_per_sequence_and_takes_unhashable_elements():
+    from conformance.domains import sampled
+
+    assert sampled([1, 2, 3]) is sampled((1, 2, 3))  # equal sequences: one strategy, validated once
+    assert sampled([1, 2]) is not sampled([2, 1])  # order is what shrinking goes by: another strategy
+    unhashable = sampled([{"a": 1}, {"a": 2}])  # a configuration's values may be anything
+    assert unhashable is not sampled([{"a": 1}, {"a": 2}])
+
+    @given(unhashable)
+    def draws(v):
+        assert v in ({"a": 1}, {"a": 2})
+    draws()
