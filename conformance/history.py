@@ -11,26 +11,25 @@ Every line is one event, flushed as it is written (fsynced at example boundaries
     submit       {requests}               engine.run(requests) is about to be called
     batch        {results, snapshot}      ...and answered (snapshot: white-box, optional)
     baseline     {key, baseline}          the oracle's answer for one oracle key (memoized, written once)
-    error        {cause, snapshot?}       the engine crashed, hung or answered malformed (snapshot:
-                                          white-box, the pool after a failed batch)
-    completion   {targets, examples, reached, unreached}
-                                          coverage completion after the stream (only when the stream
-                                          left a relevant situation unreached; conformance/completion.py)
+    error        {cause, snapshot?}       the engine crashed, hung or answered malformed (snapshot: the pool)
+    completion   {targets, examples, reached, unreached}  after the stream, when it left a relevant
+                                          situation unreached (coverage completion: completion.py)
     interrupted  {cause}                  the user stopped the run (Ctrl-C)
     run_end      {examples, shrink_steps, the run finished (shrink_steps: examples run while shrinking);
                   duration_s, events, sealed}  `events`, `sealed` seal the chain (conformance.history_chain)
 
-Every line also carries `chain`, a digest linking it to the line before (conformance.history_chain):
-an edited, reordered or cut history is refused by `kvparity report` instead of re-judged.
+Every line carries `chain`, a digest of the line before (history_chain): an edited, reordered or cut
+history is refused by `kvparity report` instead of re-judged.
 
-Requests are recorded *before* the engine sees them, so the request that killed an engine is in the
-history, named in the verdict's cause and replayable. Reading is strict: a line that is not an event
-is an error naming the line, a torn last line a crash mid-write, an empty file not a history. Reading
-back turns events into contract values grouped into examples of batches: the shape every check reads.
+Requests are recorded *before* the engine sees them: the request that killed an engine is in the history,
+named in the verdict's cause and replayable. Reading is strict (a line that is not an event is an error
+naming it, a torn last line a crash mid-write, an empty file not a history) and yields contract values
+grouped into examples of batches: the shape every check reads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -42,8 +41,8 @@ from conformance import untrusted
 from conformance.contract import Baseline, Capabilities, Request, Result
 from conformance.history_chain import FIELD as CHAIN_FIELD
 from conformance.history_chain import GENESIS, Integrity, chained_line, verify
-from conformance.history_codec import (alone_pairs, baseline_from, capabilities_from, current_key, json_default, oracle_key_str,
-                                       request_from, result_from)
+from conformance.history_codec import (alone_pairs, baseline_from, capabilities_from, current_key, json_default,
+                                       oracle_key_str, request_from, result_from)
 
 # --------------------------------------------------------------------------- writing
 
@@ -104,10 +103,8 @@ class HistoryWriter:
 
     def _abandon(self) -> None:
         fh, self._fh = self._fh, None
-        try:
+        with contextlib.suppress(OSError):  # what could not be flushed is lost either way; the rest stays
             fh.close()
-        except OSError:
-            pass  # the data that could not be flushed is lost either way; what was written stays
 
     def close(self) -> None:
         if self._fh is not None:
@@ -216,8 +213,7 @@ class Example:
     alone: tuple[tuple[int, str], ...] | None = None  # re-sends (alone.py): the (example, id) pairs re-sent alone,
     kin: tuple[tuple[int, str], ...] | None = None  # in their batch under one identity,
     rebatch: tuple[tuple[int, str], ...] | None = None  # in their batch whole (each after a reset)
-    # What conformance.history_facts.reuse_scan found, with the number of batches it walked: the checks,
-    # the vacuity guard and coverage each walk every result, and an example's batches only ever grow.
+    # history_facts.reuse_scan's answer and the batch count it saw (checks, guard and coverage share it)
     reuse: tuple[int, list] | None = field(default=None, init=False, eq=False, repr=False)
 
     def steps(self) -> list[dict[str, Any]]:
@@ -356,11 +352,10 @@ class HistoryBuilder:
             ex.step_list.append({"step": "batch", "requests": ev["requests"]})
         if requests is None:
             raise ValueError("a batch event without a submit event before it")
-        # the submit's requests were parsed when it was fed (`in_flight`); an older history's, here
         parsed = list(self.history.in_flight) if requests is self._pending else [request_from(r) for r in requests]
         ex.batches.append(BatchRecord(
             example=ex.index, index=len(ex.batches), epoch=self._epoch, segment=self._segment,
-            config=self._config, requests=parsed,
+            config=self._config, requests=parsed,  # parsed at the submit (`in_flight`), else here
             results=[result_from(r) for r in ev["results"]], snapshot=ev.get("snapshot"),
             evictions_before=self._evictions))
         self._pending, self.history.in_flight = None, ()

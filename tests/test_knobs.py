@@ -15,7 +15,7 @@ import pytest
 from conformance.contract import Capabilities, UsageError
 
 from conformance.knobs import Knob
-from conformance.history import capabilities_from, encode
+from conformance.history_codec import capabilities_from, encode
 from conformance.untrusted import check_history_configs
 
 # What adapters/reference.py declared as four maps before knobs were one value (main 8cce09d).
