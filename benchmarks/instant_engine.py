@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if profiler:
         stats = pstats.Stats(profiler, stream=sys.stdout)
         print(by_package(stats))
+        print(by_phase(stats))
         stats.sort_stats(args.sort).print_stats(args.cprofile)
     return 0
 
@@ -74,6 +75,28 @@ def by_package(stats: pstats.Stats) -> str:
     total = sum(shares.values()) or 1.0
     return "self time by package: " + ", ".join(f"{k} {v / total:.0%}" for k, v in
                                                  sorted(shares.items(), key=lambda kv: -kv[1]))
+
+
+# Where the harness's time goes, by what it is doing (cumulative time of the function that does it; the
+# phases do not nest in one another, and Hypothesis' own choosing, shrinking and database are the rest).
+PHASES = {
+    "drawing the streams": ("conformance/strategies.py", "scenarios"),
+    "running and recording them": ("conformance/scenario_runner.py", "run"),
+    "the checks": ("conformance/analysis.py", "example_verdicts"),
+    "coverage completion": ("conformance/completion.py", "complete"),
+    "the run's analysis and report": ("conformance/runner.py", "_run_suite"),
+}
+
+
+def by_phase(stats: pstats.Stats) -> str:
+    """Cumulative time per phase of the run (`PHASES`), as shares of the whole profiled run; the engine's
+    calls (the fake's, instant) are inside "running". The last phase is the whole run less the others."""
+    cumulative = {(path, name): cum for (path, _, name), (_, _, _, cum, _) in stats.stats.items()}  # type: ignore[attr-defined]
+    spent = {phase: sum(cum for (path, name), cum in cumulative.items() if path.endswith(where) and name == fn)
+             for phase, (where, fn) in PHASES.items()}
+    whole = spent.pop("the run's analysis and report") or 1.0
+    spent["Hypothesis between examples, the run's analysis and report"] = whole - sum(spent.values())
+    return "time by phase: " + ", ".join(f"{k} {v / whole:.0%}" for k, v in spent.items())
 
 
 if __name__ == "__main__":
