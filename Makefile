@@ -34,7 +34,7 @@ run: setup
 test: setup chromium
 	$(PY) -m pytest -n 2 -q -m "not slow" --durations=15 tests
 
-test-slow: setup chromium  # the long sweeps (issue 32): every zoo fault, the dev-run finding-first check per fault, the transformers finding regression
+test-slow: setup chromium  # the long sweeps (issue 32): every zoo fault, the dev-run finding-first check per fault, the transformers finding regression, and the long end-to-end paths whose rule CI proves in a smaller test (zoo shrinking bar, mutate's path to equivalent, the shipped checkpoint's landmark search, a dev run's progress log)
 	$(PY) -m pytest -n 2 -q -m slow tests
 
 # Regenerating the committed reports is explicit: user runs of `kvparity fault-zoo` / `kvparity bench`

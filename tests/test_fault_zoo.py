@@ -117,6 +117,8 @@ def test_fault_is_caught_with_expected_check_and_a_witness(name, tmp_path):
     assert list(tmp_path.rglob("witnesses/*.json")), "no witness file written"
 
 
+@pytest.mark.slow  # 25-30 s; CI proves shrinking to a small witness on the suite's own logic
+# (test_conformance_fake_engine); this is the zoo's witness bar on the real engine, which a stream change can move
 def test_shrinking_reaches_a_small_witness(tmp_path):
     # Shrinking quality, bounded by a shrink count rather than by wall time: token lists are one seeded
     # choice, so a prompt's length shrinks without reinterpreting the rest of the scenario.

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from conformance import known
+from conformance.analysis import analyse
+from conformance.reanalysis import read_verified
 from kvparity.cli import main
 from conformance.contract import UsageError
 from conformance.runner import run_suite
@@ -137,14 +139,22 @@ def test_known_findings_are_waived_recorded_and_reported_fixed(tmp_path, capsys)
     unknown = {fd["check"] for fd in both["findings"] if not fd["known"]}
     assert "spec_independence" in unknown and "prefix_only" not in unknown
 
-    # the known bug fixed: reported as fixed; --strict-known fails the run so the file is kept current
+    # the known bug fixed: reported as fixed; --strict-known fails the run so the file is kept current,
+    # and the same run judged without it passes (one run of the fixed engine, judged both ways)
     capsys.readouterr()
-    code, fixed = run(tmp_path, "none", "--known", str(baseline), checks="prefix_only")
-    assert code == 0 and [e["signature"] for e in fixed["known"]["fixed"]] == [entries[0]["signature"]]
-    assert f"FIXED known finding {entries[0]['signature']}" in capsys.readouterr().out
     code, strict = run(tmp_path, "none", "--known", str(baseline), "--strict-known", checks="prefix_only")
     assert code == 1 and strict["verdict"] == "fail"
+    assert [e["signature"] for e in strict["known"]["fixed"]] == [entries[0]["signature"]]
+    assert f"FIXED known finding {entries[0]['signature']}" in capsys.readouterr().out
     assert "FIXED: not seen" in (Path(strict["dir"]) / "report.md").read_text()
+    history = read_verified(Path(strict["dir"])).history
+    analysis = analyse(history, ["prefix_only"])
+    lenient = known.judge(history, analysis, entries, strict=False)
+    assert [e["signature"] for e in lenient.fixed] == [entries[0]["signature"]] and not lenient.fails_run
+    analysis.known = lenient
+    assert analysis.verdict == "pass"
+    analysis.known = known.judge(history, analysis, entries, strict=True)
+    assert analysis.verdict == "fail"
 
 
 @pytest.mark.parametrize("text, says", [

@@ -91,6 +91,7 @@ def test_a_cache_with_ids_outside_the_vocabulary_is_not_believed(folder, tmp_pat
     assert "ignoring the landmark cache" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a 20 s search budget; CI proves the search on a small checkpoint (above)
 def test_the_search_on_the_shipped_checkpoint_finds_near_ties_and_same_text_pairs(tmp_path):
     """Its shipped tables hold eos paths, near-ties and same-text pairs; the bounded search finds the
     latter two kinds. Eos paths it does not find in a short budget: the shipped models predict eos only

@@ -122,7 +122,7 @@ def test_the_first_finding_and_its_lane_diagram_are_above_the_fold_at_1400_by_90
     outcome = run_suite(ReferenceAdapter(fault="salt_ignored"),
                         RunConfig(engine_name="reference", engine_args={"fault": "salt_ignored"}, profile="ci",
                                   max_examples=30, report_dir=tmp_path / "runs", database_dir=tmp_path / "db",
-                                  shrink=False, timeout_s=60))
+                                  shrink=False, timeout_s=60, keep_looking=False))  # ends at its first finding
     assert outcome.verdict == "fail"
     page = (outcome.run_dir / "report.html").read_text()
     assert "<script" not in page

@@ -33,7 +33,8 @@ def open_in_chromium(page: Path, profile: Path) -> tuple[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def failing_report(tmp_path_factory) -> Path:
-    """A real run: the reference engine with a rejected draft token committed (fault zoo), unshrunk."""
+    """A real run: the reference engine with a rejected draft token committed (fault zoo), unshrunk, ended
+    at its first finding (the page is what is tested, not how many findings it holds)."""
     from adapters.reference import ReferenceAdapter
     from conformance.runner import run_suite
     from conformance.run_config import RunConfig
@@ -44,7 +45,8 @@ def failing_report(tmp_path_factory) -> Path:
                                                                                       profile="ci", max_examples=30,
                                                                                       report_dir=tmp / "runs",
                                                                                       database_dir=tmp / "db",
-                                                                                      shrink=False, timeout_s=60))
+                                                                                      shrink=False, timeout_s=60,
+                                                                                      keep_looking=False))
     assert outcome.verdict == "fail", {k: v.status for k, v in outcome.analysis.checks.items()}
     return outcome.run_dir / "report.html"
 

@@ -70,6 +70,8 @@ def test_a_derandomised_profile_draws_no_seed_and_says_so(tmp_path):
     assert _history(_run_dir(proc.stdout, tmp_path))[0]["seed"] == "derandomised"
 
 
+@pytest.mark.slow  # a dev run shrunk to its end (~30 s); CI holds the rule itself (test_report.py: a line every
+# n examples and on a new failure); this is the whole CLI path through a long shrink
 def test_a_failing_dev_run_logs_a_bounded_number_of_progress_lines(tmp_path):
     proc = _kvparity(["run", "--engine", "reference", "--engine-arg", "fault=salt_ignored", "--seed", str(FAULT_SEED)],
                      tmp_path)  # shrinking runs to its end (about 100 examples, 10 s) within the default minute
