@@ -67,7 +67,9 @@ def test_reference_adapter_introspection_off_declares_none():
 
 
 # -- the CI sample: killed, control passes; the whole path to "equivalent" under -m slow -------------------
-def _sample(tmp_path, capsys, mutants: list[str], max_examples: int) -> tuple[dict, dict, str]:
+def _sample(tmp_path, capsys, mutants: list[str], max_examples: int) -> dict[str, dict]:
+    """`kvparity mutate` over `mutants` (the control first): its rows by mutant, after asserting that the
+    control passed and that nothing survived."""
     out = tmp_path / "mutation"
     code = mutate.main(["--mutants", ",".join(mutants), "--profile", "ci", "--max-examples", str(max_examples),
                         "--diff-scenarios", "6", "--diff-seconds", "60", "--out", str(out)])
@@ -77,18 +79,18 @@ def _sample(tmp_path, capsys, mutants: list[str], max_examples: int) -> tuple[di
     assert results["meta"]["control"].startswith("blackbox seed 0: pass")
     readme = (out / "README.md").read_text()
     assert "blackbox, seed 0**: 100%" in readme and "## Survivors\n\nNone." in readme
-    return results, {r["mutant"]["name"]: r for r in results["rows"]}, readme
+    return {r["mutant"]["name"]: r for r in results["rows"]}
 
 
 def test_ci_sample_kills_the_killable_mutant_and_passes_the_control(tmp_path, capsys):
-    _, rows, _ = _sample(tmp_path, capsys, [KILLABLE], 10)
+    rows = _sample(tmp_path, capsys, [KILLABLE], 10)
     assert rows[KILLABLE]["outcome"].startswith("killed")
 
 
 @pytest.mark.slow  # 70 s: the equivalent mutant's suite run and differential search; CI proves the
 # classifier both ways below (test_differential_search_...: equivalent and survivor) without the suite run
 def test_a_mutant_the_suite_cannot_kill_and_that_changes_nothing_is_classified_equivalent(tmp_path, capsys):
-    _, rows, _ = _sample(tmp_path, capsys, [KILLABLE, EQUIVALENT], 30)
+    rows = _sample(tmp_path, capsys, [KILLABLE, EQUIVALENT], 30)
     assert rows[KILLABLE]["outcome"].startswith("killed")
     assert rows[EQUIVALENT]["outcome"] == "survived-suite" and rows[EQUIVALENT]["classification"] == "equivalent"
 
