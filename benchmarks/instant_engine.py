@@ -91,8 +91,8 @@ PHASES = {
 def by_phase(stats: pstats.Stats) -> str:
     """Cumulative time per phase of the run (`PHASES`), as shares of the whole profiled run; the engine's
     calls (the fake's, instant) are inside "running". The last phase is the whole run less the others."""
-    cumulative = {(path, name): cum for (path, _, name), (_, _, _, cum, _) in stats.stats.items()}  # type: ignore[attr-defined]
-    spent = {phase: sum(cum for (path, name), cum in cumulative.items() if path.endswith(where) and name == fn)
+    rows = stats.stats.items()  # type: ignore[attr-defined]
+    spent = {phase: sum(cum for (path, _, name), (_, _, _, cum, _) in rows if path.endswith(where) and name == fn)
              for phase, (where, fn) in PHASES.items()}
     whole = spent.pop("the run's analysis and report") or 1.0
     spent["Hypothesis between examples, the run's analysis and report"] = whole - sum(spent.values())
