@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+GOAL = 2000  # issue 32: checked requests per CPU second, enough to keep up with a small model on a GPU
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -53,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
                 profiler.disable()
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         requests = sum(len(b.requests) for b in outcome.history.batches())
+        rate = requests / cpu
         print(f"repeat {n}: {outcome.verdict.upper()}, {outcome.examples} examples, {requests} requests; "
-              f"wall {wall:.2f} s, CPU {cpu:.2f} s: {requests / cpu:.0f} requests per CPU second; "
-              f"engine {calls.busy_s / wall:.1%} of the wall time")
+              f"wall {wall:.2f} s, CPU {cpu:.2f} s: {rate:.0f} requests per CPU second "
+              f"(goal >= {GOAL:,}: {'met' if rate >= GOAL else 'not met'}); engine {calls.busy_s / wall:.1%} of the wall time")
     if profiler:
         stats = pstats.Stats(profiler, stream=sys.stdout)
         print(by_package(stats))
