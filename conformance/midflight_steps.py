@@ -20,6 +20,8 @@ scheduling knob is switched first (chunk size, token budget: whatever the engine
 
 from __future__ import annotations
 
+import functools
+
 from attrs import evolve
 from hypothesis import strategies as st
 
@@ -49,27 +51,30 @@ def abort_edges(bs: int, prompt_len: int, budget: int) -> list[int]:
     return sorted({0, max(0, budget - 1)} | ({fill} if fill < budget else set()))
 
 
-def abort_points(s: Stream, prompt_len: int, budget: int) -> st.SearchStrategy[int | None]:
+@functools.lru_cache(maxsize=1024)
+def abort_points(bs: int, prompt_len: int, budget: int) -> st.SearchStrategy[int | None]:
     """An abort point from the whole domain 0 .. max_tokens (max_tokens: too late, the request has
-    finished), the boundaries first; None (not aborted) now and then."""
-    edges = abort_edges(s.bs, prompt_len, budget)
+    finished), the boundaries first; None (not aborted) now and then. Built once per (block size,
+    prompt length, max_tokens), as `domains.sampled` is: Hypothesis validates a strategy afresh the first
+    time it is drawn, and a fresh one per request was half the strategies validated in a CI run."""
+    edges = abort_edges(bs, prompt_len, budget)
     return st.one_of(sampled(edges), st.integers(0, budget), sampled(edges), st.none())
 
 
-def arrival_points(leader: Request) -> st.SearchStrategy[int | None]:
-    """An arrival step from the leader's life, derived from it rather than fixed: 0 .. max_tokens + 1
-    (it prefills and then commits at least a token a step, so by max_tokens + 1 it has ended), the
+@functools.lru_cache(maxsize=1024)
+def arrival_points(end: int) -> st.SearchStrategy[int | None]:
+    """An arrival step from the life of a leader of max_tokens `end`, derived from it rather than fixed:
+    0 .. end + 1 (it prefills and then commits at least a token a step, so by end + 1 it has ended), the
     boundaries first — with it, one step in (its prefill just done), its last step, just after it —
-    and None (before the first step) now and then."""
-    end = leader.max_tokens
+    and None (before the first step) now and then. Built once per `end` (see `abort_points`)."""
     edges = sorted({0, 1, end, end + 1})
     return st.one_of(sampled(edges), st.integers(0, end + 1), st.none())
 
 
 def _timed(s: Stream, r: Request, leader: Request) -> Request:
     caps = s.caps
-    arrive = s.draw(arrival_points(leader)) if ARRIVALS & caps.timeline else None
-    abort = s.draw(abort_points(s, len(r.prompt), r.max_tokens)) if "abort" in caps.timeline else None
+    arrive = s.draw(arrival_points(leader.max_tokens)) if ARRIVALS & caps.timeline else None
+    abort = s.draw(abort_points(s.bs, len(r.prompt), r.max_tokens)) if "abort" in caps.timeline else None
     return evolve(r, arrive_at_step=arrive, abort_after=abort)
 
 
