@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY    := $(VENV)/bin/python
 EXTRAS ?= dev
 
-.PHONY: setup chromium run test reports reports-fault-zoo reports-economics reports-museum reports-gzip
+.PHONY: setup system-tools run test reports reports-fault-zoo reports-economics reports-museum reports-gzip
 setup: $(VENV)/.kvparity-installed
 
 $(VENV)/.kvparity-installed: pyproject.toml
@@ -14,27 +14,30 @@ $(VENV)/.kvparity-installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
-	@$(MAKE) --no-print-directory chromium
+	@$(MAKE) --no-print-directory system-tools
 	touch $@
 
-# Headless Chromium for tests/test_report_browser.py (report.html in a real browser). Installed only
-# where that is ours to do — root with apt-get (CI's container) — and never fatal: without it the
-# browser test is skipped and says why.
-chromium:
-	@if command -v chromium >/dev/null 2>&1; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } || \
-	  echo "chromium not installed: tests/test_report_browser.py will be skipped"; \
-	else echo "no chromium (needs root and apt-get to install): tests/test_report_browser.py will be skipped"; fi
+# The system programs some tests drive for real, as `command:Debian package`: headless Chromium
+# (tests/test_report_browser.py, tests/test_lane_diagram.py: report.html in a real browser) and redis-server
+# (tests/test_shards.py: a campaign's shared example database, issue 32). Installed only where that is ours
+# to do — root with apt-get (CI's container) — and never fatal: without one, its tests are skipped and say why.
+SYSTEM_TOOLS := chromium:chromium redis-server:redis-server
+system-tools:
+	@for tool in $(SYSTEM_TOOLS); do cmd=$${tool%%:*}; pkg=$${tool#*:}; \
+	  if command -v $$cmd >/dev/null 2>&1; then :; \
+	  elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkg >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkg >/dev/null 2>&1; } || \
+	    echo "$$pkg not installed: the tests that need $$cmd will be skipped"; \
+	  else echo "no $$cmd (needs root and apt-get to install): the tests that need it will be skipped"; fi; done
 
 run: setup
 	$(VENV)/bin/kvparity run --engine reference --profile ci
 
-test: setup chromium
+test: setup system-tools
 	$(PY) -m pytest -n 2 -q -m "not slow" --durations=15 tests
 
-test-slow: setup chromium  # the long sweeps (issue 32): every zoo fault, the dev-run finding-first check per fault, the transformers finding regression, and the long end-to-end paths whose rule CI proves in a smaller test (zoo shrinking bar, mutate's path to equivalent, the shipped checkpoint's landmark search, a dev run's progress log)
+test-slow: setup system-tools  # the long sweeps (issue 32): every zoo fault, the dev-run finding-first check per fault, the transformers finding regression, and the long end-to-end paths whose rule CI proves in a smaller test (zoo shrinking bar, mutate's path to equivalent, the shipped checkpoint's landmark search, a dev run's progress log)
 	$(PY) -m pytest -n 2 -q -m slow tests
 
 # Regenerating the committed reports is explicit: user runs of `kvparity fault-zoo` / `kvparity bench`
