@@ -6,8 +6,9 @@ The engine is the suite's FAKE (tests/fake_engine.py: a hash for a model, a dict
 nearly every second spent is the harness's own — drawing the stream, recording and encoding the
 history, the checks, the situations and coverage. A GPU engine answers CI-sized requests at thousands
 per second; a harness slower than that is what a campaign waits on (issue 32's goal: >= 2,000 checked
-requests per second per core). Prints, per repeat: requests checked, process CPU seconds, requests per
-CPU second, and the engine's share of the wall time. `--cprofile N` prints the self time by package and the
+requests per second per core). Prints, per repeat: the stream drawn alone (Hypothesis and the strategies,
+nothing run: the ceiling), then the run's requests checked, process CPU seconds, requests per CPU second,
+and the engine's share of the wall time. `--cprofile N` prints the self time by package and the
 N most expensive functions of the last repeat (cumulative). One process, one core: compare ratios within a run.
 """
 
@@ -43,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
 
     profiler = None
     for n in range(args.repeats):
+        drawn, draw_cpu = drawing_alone(FakeDictEngine().capabilities(), args.profile)
+        print(f"repeat {n}, drawing alone: {drawn} requests drawn in {draw_cpu:.2f} s of CPU: "
+              f"{drawn / draw_cpu:.0f} per CPU second, the ceiling of a harness that draws this stream")
         calls = EngineCalls(300.0)
         profiler = cProfile.Profile() if args.cprofile and n == args.repeats - 1 else None
         with tempfile.TemporaryDirectory() as out:
@@ -65,6 +69,31 @@ def main(argv: list[str] | None = None) -> int:
         print(by_phase(stats))
         stats.sort_stats(args.sort).print_stats(args.cprofile)
     return 0
+
+
+def drawing_alone(caps, profile: str) -> tuple[int, float]:
+    """The profile's stream drawn and nothing else (Hypothesis and kvparity's strategies; no engine,
+    recording, checks or coverage): (requests drawn, CPU seconds). Its own derandomised stream, not the
+    run's (Hypothesis derives that from the test function), of the same strategies and size. No harness
+    that draws its streams this way checks requests faster than this, whatever else it costs."""
+    from hypothesis import given, settings
+
+    from conformance import seeded
+    from conformance.run_config import PROFILES, profile_settings
+    from conformance.scenario import Batch
+    from conformance.strategies import scenarios
+
+    drawn = [0]
+
+    @settings(profile_settings(profile), database=None)
+    @given(scenarios(caps, max_steps=PROFILES[profile]))
+    def draw_only(scenario: tuple) -> None:
+        drawn[0] += sum(len(step.items) for step in scenario if isinstance(step, Batch))
+
+    with seeded.seed_only():
+        cpu0 = time.process_time()
+        draw_only()
+        return drawn[0], time.process_time() - cpu0
 
 
 def by_package(stats: pstats.Stats) -> str:
