@@ -135,8 +135,16 @@ def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int,
     h.meta["seed"] = "per shard"
     h.meta["campaign"] = {"shards": len(usable), "campaign_seed": usable[0].campaign_seed if usable else None}
     duration = sum(float((r.history.ended or {}).get("duration_s") or 0) for r in usable)
-    h.ended = {"event": "run_end", "examples": len(h.examples), "duration_s": round(duration, 3)}
+    h.ended = {"event": "run_end", "examples": len(h.examples), "shrink_steps": sum(map(shrink_steps, usable)),
+               "duration_s": round(duration, 3)}
     return h, ranges
+
+
+def shrink_steps(run: ShardRun) -> int:
+    """The examples a shard ran while shrinking (its `run_end` says; within what it recorded): judged with
+    the rest, but not "examples" in a report (conformance.shrink_budget)."""
+    steps = (run.history.ended or {}).get("shrink_steps") if run.history is not None else None
+    return steps if isinstance(steps, int) and 0 <= steps <= len(run.history.examples) else 0
 
 
 def merge(run_dirs: Sequence[Path]) -> tuple[History, Analysis, dict[str, Any]]:
@@ -151,6 +159,7 @@ def merge(run_dirs: Sequence[Path]) -> tuple[History, Analysis, dict[str, Any]]:
     block = {"count": count, "campaign_seed": history.meta["campaign"]["campaign_seed"],
              "given": [str(r.run_dir) for r in runs],
              "shards": [{"shard": str(run.shard), "run_dir": str(run.run_dir), "examples": [first, last],
+                         "shrink_steps": shrink_steps(run),
                          "seed": run.history.meta.get("seed"), "history_digest": run.history.digest,
                          **recorded(run.run_dir)} for first, last, run in ranges],
              "problems": [p for r in runs for p in r.problems] + problems}

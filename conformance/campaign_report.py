@@ -44,7 +44,7 @@ def dedupe(findings: list[dict[str, Any]], ranges: Sequence[tuple[int, int, Any]
 
 
 def campaign_blocks(campaign: Mapping[str, Any]) -> list[Any]:
-    rows = [[s["shard"], str(s["verdict"] or "(none recorded)"), f"{s['examples'][1] - s['examples'][0]}",
+    rows = [[s["shard"], str(s["verdict"] or "(none recorded)"), _examples(s),
              f"`{s['seed']}`", f"`{(s['history_digest'] or '')[:12]}`", f"`{s['run_dir']}`"]
             for s in campaign["shards"]]
     out: list[Any] = [Heading(2, "Campaign"),
@@ -55,6 +55,12 @@ def campaign_blocks(campaign: Mapping[str, Any]) -> list[Any]:
     if campaign["problems"]:
         out.append(Para("**The campaign is incomplete or inconsistent:** " + "; ".join(campaign["problems"])))
     return out
+
+
+def _examples(shard: Mapping[str, Any]) -> str:
+    """A shard's examples as its own report counts them: those drawn, then (+N) those run while shrinking."""
+    recorded, steps = shard["examples"][1] - shard["examples"][0], shard.get("shrink_steps") or 0
+    return f"{recorded - steps}" + (f" (+{steps} shrink steps)" if steps else "")
 
 
 def write_campaign(out_dir: Path, history: History, analysis: Analysis, campaign: Mapping[str, Any]) -> dict:

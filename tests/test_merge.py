@@ -14,7 +14,8 @@ from conformance.shards import parse_shard
 from kvparity import cli
 
 
-def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: str = "fake") -> Path:
+def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: str = "fake",
+           shrink: bool = False) -> Path:
     from conformance.run_config import RunConfig
     from conformance.runner import run_suite
     from fake_engine import FakeDictEngine
@@ -22,7 +23,7 @@ def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: 
     run_dir = root / name
     run_dir.mkdir()
     config = RunConfig(engine_name=engine, profile="ci", run_dir=run_dir, database_dir=root / f"db-{name}",
-                       max_examples=6, shrink=False, shard=parse_shard(shard) if shard else None)
+                       max_examples=6, shrink=shrink, shard=parse_shard(shard) if shard else None)
     run_suite(FakeDictEngine(bug=bug), config)
     return run_dir
 
@@ -35,7 +36,9 @@ def runs(tmp_path_factory):
             "leak-1": _shard(root, "leak-1", "1/2", bug="salt_leak", engine="fake-leak"),
             "leak-2": _shard(root, "leak-2", "2/2", bug="salt_leak", engine="fake-leak"),
             "other-2": _shard(root, "other-2", "2/2", engine="fake-other"),
-            "plain": _shard(root, "plain", None)}
+            "plain": _shard(root, "plain", None),
+            "shrunk-1": _shard(root, "shrunk-1", "1/2", bug="salt_leak", engine="fake-shrunk", shrink=True),
+            "shrunk-2": _shard(root, "shrunk-2", "2/2", bug="salt_leak", engine="fake-shrunk", shrink=True)}
 
 
 def _merge(capsys, out: Path, *dirs: Path) -> tuple[int, dict, str]:
@@ -74,6 +77,17 @@ def test_findings_are_listed_once_across_shards_by_signature(runs, tmp_path, cap
     for f in merged["campaign"]["findings"]:
         if f["signature"] in both:
             assert f["shards"] == ["1/2", "2/2"]
+
+
+def test_examples_run_while_shrinking_are_counted_apart_as_each_shard_counts_them(runs, tmp_path, capsys):
+    one, two = _results(runs["shrunk-1"]), _results(runs["shrunk-2"])
+    assert one["shrink_steps"] and two["shrink_steps"], "each shard shrank its finding"
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["shrunk-1"], runs["shrunk-2"])
+    assert code == 1 and merged["examples"] == one["examples"] + two["examples"]
+    assert merged["shrink_steps"] == one["shrink_steps"] + two["shrink_steps"]
+    assert merged["examples_recorded"] == one["examples_recorded"] + two["examples_recorded"]
+    assert f"{merged['examples']} examples (+{merged['shrink_steps']} shrink steps)" in printed
+    assert f"| {one['examples']} (+{one['shrink_steps']} shrink steps) |" in (tmp_path / "m" / "report.md").read_text()
 
 
 def test_a_missing_shard_makes_the_campaign_error(runs, tmp_path, capsys):

@@ -43,8 +43,9 @@ def work(args: argparse.Namespace) -> int:
     for fd in results["campaign"]["findings"]:
         print(f"finding {fd['signature']} [{fd['check']}] {fd['title']} (shards {', '.join(fd['shards'])})")
     given = len(results["campaign"]["shards"])
-    print(f"{analysis.verdict.upper()}: {given} of {campaign['count'] or '?'} shard(s), {len(history.examples)} "
-          f"examples, report {out}")
+    steps = results["shrink_steps"]
+    print(f"{analysis.verdict.upper()}: {given} of {campaign['count'] or '?'} shard(s), {results['examples']} examples"
+          f"{f' (+{steps} shrink steps)' if steps else ''}, report {out}")
     return analysis.exit_code
 
 
