@@ -166,3 +166,11 @@ def test_a_campaign_refuses_bad_run_arguments_before_any_shard(extra, says, tmp_
     err = capsys.readouterr().err
     assert code == 3 and says in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "c" / "shards").exists()
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line_and_exit_3(runs, capsys):
+    """/proc takes no new folders, yet as root passes the up-front writability check: mkdir itself fails."""
+    code = cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", "/proc/kvparity-merged"])
+    captured = capsys.readouterr()
+    assert code == 3 and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert "Traceback" not in captured.err + captured.out

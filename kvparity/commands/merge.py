@@ -31,8 +31,8 @@ def work(args: argparse.Namespace) -> int:
     if any(out.resolve() == Path(d).resolve() for d in args.run_dirs):
         raise UsageError(f"--out {out} is one of the shards' folders; the merged report goes elsewhere")
     history, analysis, campaign = merge([Path(d) for d in args.run_dirs])
-    out.mkdir(parents=True, exist_ok=True)
     try:
+        out.mkdir(parents=True, exist_ok=True)
         results = write_campaign(out, history, analysis, campaign)
     except OSError as exc:
         raise UsageError(f"cannot write the merged report in {out}: {exc}") from None
