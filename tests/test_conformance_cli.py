@@ -217,3 +217,22 @@ def test_console_script_entry_point(tmp_path):
                            "run", "--engine", FAKE, "--report-dir", str(tmp_path), "--max-examples", "5",
                            "--checks", "parity"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_bug_that_escapes_every_handler_exits_3_not_1():
+    """Python ends an uncaught exception with exit 1, which kvparity's exit codes read as FAIL. The console
+    script says it was an internal error (traceback kept) and exits 3. The bug is a FAKE dispatcher that
+    raises: what is tested is the console script's own handling."""
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    boom = ("import sys, kvparity.cli as cli\n"
+            "def fake_dispatch(argv, session):\n    raise ZeroDivisionError('a bug')\n"
+            "cli.dispatch = fake_dispatch\nsys.argv = ['kvparity', 'engines']\ncli.console_main()\n")
+    proc = subprocess.run([sys.executable, "-c", boom], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" in proc.stderr and proc.stderr.strip().splitlines()[-1] == \
+        "kvparity: internal error: ZeroDivisionError: a bug"
+    # Without the bug, the same script exits 0 (a command that works is not an error).
+    ok = subprocess.run([sys.executable, "-c", "import sys, kvparity.cli as cli\nsys.argv = ['kvparity', 'engines']\n"
+                         "cli.console_main()\n"], env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
