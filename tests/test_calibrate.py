@@ -169,3 +169,18 @@ def test_a_feature_far_past_plain_noise_is_flagged_and_left_out_of_epsilon():
     # not: a float64 engine whose features round differently by orders of magnitude, all harmless
     kept, flagged = flag_features([1e-16], {"chunk_size=13": [1e-13, 4e-14]})
     assert not flagged and len(kept) == 2
+
+
+def test_a_calibration_that_cannot_be_written_goes_to_stdout_and_exits_3(tiny, capsys):
+    """/proc takes no new files, yet as root passes the up-front check: the write itself fails, after the
+    measuring. What was measured is not lost: it is printed; the exit is 3, in one line."""
+    from kvparity.commands.calibrate import main
+
+    code = main(["--engine", "transformers", "--engine-arg", f"model={tiny}", "--engine-arg", "dtype=float64",
+                 "--prompts", "6", "--max-tokens", "5", "--batch-sizes", "2,3", "--out", "/proc/kvparity-cal.json"])
+    captured = capsys.readouterr()
+    if code == 3 and "not writable" in captured.err:  # not root: refused up front, before measuring
+        return
+    ours = [line for line in captured.err.splitlines() if line.startswith("kvparity")]  # not the engine's progress
+    assert code == 3 and len(ours) == 1 and "cannot write /proc/kvparity-cal.json" in ours[0]
+    assert json.loads(captured.out[captured.out.index("{"):])["tau"] < 1e-4

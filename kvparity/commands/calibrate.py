@@ -386,8 +386,14 @@ def work(args: argparse.Namespace) -> int:
         closed = close_engine(engine, args.timeout)
         if closed:
             print(f"ERROR: {closed}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(dumps(data))
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(dumps(data))
+    except OSError as exc:  # measured, and not lost: the calibration goes to stdout instead
+        print(dumps(data))
+        print(f"kvparity calibrate: error: cannot write {args.out}: {exc.strerror or exc}; the calibration "
+              f"is on stdout", file=sys.stderr)
+        return ExitCode.USAGE
     b, o = data["sources"]["batch"], data["sources"]["oracle"]
     print(f"tau {data['tau']:.4g} = oracle bound {o['bound']['value']:.4g} (n {o['n']}) + batch bound "
           f"{b['bound']['value']:.4g} (n {b['n']}), quantile {args.quantile} at confidence {args.confidence}; "
