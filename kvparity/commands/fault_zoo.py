@@ -517,8 +517,8 @@ def run_zoo(args: argparse.Namespace) -> int:
     control = None if args.no_control else measure_seeds(None, args)
     rows = [measure_seeds(name, args) for name in args.fault_names]
     text = render(rows, control, args.run, environment_facts(), args.notes_text, args.out)
+    print(text, flush=True)  # first: a report that then cannot be written is still not lost
     write_report(text, rows, args.out)
-    print(text)
     ok = all(r.caught for r in rows) and (control is None or (all(v == "pass" for v in control.verdicts)
                                                                and not control.near_ties))
     return 0 if ok else 1
