@@ -34,16 +34,21 @@ PING_TIMEOUT_S = 5.0
 
 
 def is_url(value: str | None) -> bool:
-    return bool(value) and str(value).lower().startswith(SCHEME)
+    """Any `scheme://`, not only redis's: a mistyped scheme (`rediss://`, `redis:/`... is a folder) is
+    refused by `check_url` rather than taken for a folder of that name, where the shards would each keep
+    their failures to themselves."""
+    return bool(value) and "://" in str(value)
 
 
 def check_url(url: str) -> str:
-    """A `redis://HOST[:PORT][/N]` URL naming this machine, or a one-line usage error."""
+    """A `redis://HOST[:PORT][/N]` URL naming this machine, or a one-line usage error (another scheme too)."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - a port out of range raises ValueError here
     except ValueError as exc:
         raise UsageError(f"--database {url!r}: not a redis URL ({exc})") from None
+    if parts.scheme.lower() != SCHEME[:-3]:
+        raise UsageError(f"--database {url!r}: only {SCHEME}HOST:PORT/N is accepted as a URL (or give a folder)")
     host = parts.hostname or ""
     if parts.username or parts.password:
         raise UsageError(f"--database {url!r}: credentials in the URL are not accepted (the store is loopback only)")

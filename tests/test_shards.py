@@ -36,7 +36,9 @@ def test_shards_parse_counted_from_one():
 
 
 @pytest.mark.parametrize("url", ["redis://10.0.0.1:6379/0", "redis://example.com/0", "redis://user:pw@127.0.0.1/0",
-                                 "redis://127.0.0.1:6379/x", "redis://127.0.0.1:99999/0"])
+                                 "redis://127.0.0.1:6379/x", "redis://127.0.0.1:99999/0",
+                                 # another scheme is not a folder of that name (each shard keeping its own)
+                                 "rediss://127.0.0.1:6379/0", "http://127.0.0.1:6379/0"])
 def test_a_database_elsewhere_than_this_machine_is_refused(url, tmp_path, capsys):
     code = cli.main(["run", "--engine", FAKE, "--database", url, "--report-dir", str(tmp_path)])
     err = capsys.readouterr().err
