@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from conformance import stopping
+from conformance.lifeline import set_parent_death_signal
+
 TAIL_CHARS = 2000  # what a shard's output is kept of, for the campaign's console
+CONSOLE = "console.log"  # a local shard's whole output, beside its run folder
 
 
 def shard_argv(run_args: Sequence[str], index: int, count: int, report_dir: Path) -> list[str]:
@@ -37,9 +42,12 @@ def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str
     """Run one shard's process to its end; its exit code, its run folder (None: it left none) and the
     tail of its output. Module-level, so a Ray worker imports it by name."""
     proc = subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    return outcome(proc.returncode, report_dir, proc.stdout + proc.stderr)
+
+
+def outcome(code: int | None, report_dir: str | Path, output: str) -> dict[str, Any]:
     folders = sorted(Path(report_dir).glob("*/*/history.jsonl"))
-    return {"exit": proc.returncode, "run_dir": str(folders[-1].parent) if folders else None,
-            "tail": (proc.stdout + proc.stderr)[-TAIL_CHARS:]}
+    return {"exit": code, "run_dir": str(folders[-1].parent) if folders else None, "tail": output[-TAIL_CHARS:]}
 
 
 def campaign_seed(run_args: Sequence[str]) -> list[str]:
@@ -71,12 +79,59 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], jobs: int) -> list[dict[str, Any]]:
-    """The shards as local processes, `jobs` at a time."""
+def _die_with_the_campaign() -> None:
+    """Between fork and exec of a local shard: SIGTERM it if the campaign process dies (killed outright,
+    no handler run), so its supervisor ends the run with a report instead of driving the engine on alone."""
+    set_parent_death_signal(signal.SIGTERM)
+
+
+def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], jobs: int) -> tuple[list[dict[str, Any]], int | None]:
+    """The shards as local processes, `jobs` at a time, each one's output in its folder's console.log; and
+    the stop signal that cut the campaign short, if one did.
+
+    Waited for on this (the main) thread, so that a stop signal (Ctrl-C, SIGTERM, SIGHUP:
+    conformance.stopping) sent to the campaign alone is passed on to every shard still running — each
+    shard's supervisor then ends its run with an INTERRUPTED report — and no shard starts after it: the
+    campaign waits for them all, so it leaves nothing running and loses nothing they recorded. A campaign
+    killed outright takes its shards with it (`_die_with_the_campaign`)."""
     env, cwd = _env(), os.getcwd()
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_shard, argv, str(d), cwd, env) for argv, d in zip(argvs, report_dirs)]
-        return [f.result() for f in futures]
+    waiting = list(enumerate(zip(argvs, report_dirs)))
+    previous = {s: signal.getsignal(s) for s in stopping.STOP_SIGNALS}
+    stopping.install()
+    try:
+        return _wait_for_shards(waiting, max(1, jobs), cwd, env, len(argvs))
+    finally:
+        for s, handler in previous.items():  # in a process that goes on (tests, embedding): as before
+            signal.signal(s, handler)
+
+
+def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str],
+                     count: int) -> tuple[list[dict[str, Any]], int | None]:
+    running: dict[int, tuple[subprocess.Popen, Path]] = {}
+    outcomes: dict[int, dict[str, Any]] = {}
+    passed_on = False
+    while waiting or running:
+        stop = stopping.requested()
+        if stop is not None:
+            for k, (_, d) in waiting:
+                outcomes[k] = outcome(None, d, "not started: the campaign was stopped")
+            waiting = []
+            if not passed_on:
+                for proc, _ in running.values():
+                    proc.send_signal(stop)
+                passed_on = True
+        while waiting and len(running) < jobs:
+            k, (argv, d) = waiting.pop(0)
+            d.mkdir(parents=True, exist_ok=True)
+            with open(d / CONSOLE, "w", encoding="utf-8") as console:
+                running[k] = (subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=console, stderr=subprocess.STDOUT,
+                                               preexec_fn=_die_with_the_campaign), d)
+        for k, (proc, d) in list(running.items()):
+            if proc.poll() is not None:
+                outcomes[k] = outcome(proc.returncode, d, (d / CONSOLE).read_text(encoding="utf-8", errors="replace"))
+                del running[k]
+        time.sleep(stopping.POLL_S)
+    return [outcomes[k] for k in range(count)], stopping.requested()
 
 
 def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpus: float, num_gpus: float,
@@ -99,14 +154,17 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
 
 
 def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str = "local", jobs: int | None = None,
-                 num_cpus: float = 1, num_gpus: float = 0, address: str | None = None) -> tuple[list[dict[str, Any]], list[Path]]:
-    """Run `count` shards of `kvparity run RUN_ARGS` into `out/shards/<i>/`; each shard's outcome, and
-    the run folders they left (a shard that left none is missing from the merge)."""
+                 num_cpus: float = 1, num_gpus: float = 0,
+                 address: str | None = None) -> tuple[list[dict[str, Any]], list[Path], int | None]:
+    """Run `count` shards of `kvparity run RUN_ARGS` into `out/shards/<i>/`; each shard's outcome, the run
+    folders they left (a shard that left none is missing from the merge), and the stop signal that cut a
+    local campaign short (None: none did)."""
     run_args = campaign_seed(run_args)
     dirs = [out / "shards" / str(i) for i in range(1, count + 1)]
     argvs = [shard_argv(run_args, i, count, d) for i, d in enumerate(dirs, start=1)]
+    stopped = None
     if executor == "ray":
         outcomes = run_ray(argvs, dirs, num_cpus, num_gpus, address)
     else:
-        outcomes = run_local(argvs, dirs, jobs or count)
-    return outcomes, [Path(o["run_dir"]) for o in outcomes if o["run_dir"]]
+        outcomes, stopped = run_local(argvs, dirs, jobs or count)
+    return outcomes, [Path(o["run_dir"]) for o in outcomes if o["run_dir"]], stopped

@@ -56,12 +56,19 @@ def work(args: argparse.Namespace) -> int:
     from kvparity.commands.merge import main as merge_main
 
     out = Path(args.out)
-    outcomes, run_dirs = run_campaign(args.run_args, args.shards, out, "ray" if args.ray else "local", args.jobs,
-                                      args.shard_cpus, args.shard_gpus, args.ray_address)
+    outcomes, run_dirs, stopped = run_campaign(args.run_args, args.shards, out, "ray" if args.ray else "local",
+                                               args.jobs, args.shard_cpus, args.shard_gpus, args.ray_address)
     for i, o in enumerate(outcomes, start=1):
         last = (o["tail"].strip().splitlines() or ["(no output)"])[-1]
         print(f"shard {i}/{args.shards}: exit {o['exit']}, {o['run_dir'] or 'no run folder'}: {last}")
-    return merge_main([*map(str, run_dirs), "--out", str(out)]) if run_dirs else _none_left(args.shards)
+    code = merge_main([*map(str, run_dirs), "--out", str(out)]) if run_dirs else _none_left(args.shards)
+    if stopped is not None:  # the merge says error (interrupted shards); the exit says how, as `run`'s does
+        from conformance import stopping
+
+        print(f"INTERRUPTED: the campaign was stopped by {stopping.signal_name(stopped)}; every shard was "
+              f"stopped and waited for")
+        return stopping.exit_code_of(stopped)
+    return code
 
 
 def _none_left(count: int) -> int:
