@@ -16,6 +16,7 @@ nightly) the campaign draws it once and gives it to every shard, so the campaign
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -26,10 +27,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from conformance import stopping
-from conformance.lifeline import set_parent_death_signal
+from conformance.lifeline import stop_with
 
 TAIL_CHARS = 2000  # what a shard's output is kept of, for the campaign's console
 CONSOLE = "console.log"  # a local shard's whole output, beside its run folder
+STOP_FILE = ".stop"  # written into a Ray shard's folder by its campaign when stopped; only its presence counts
 
 
 def shard_argv(run_args: Sequence[str], index: int, count: int, report_dir: Path) -> list[str]:
@@ -40,9 +42,23 @@ def shard_argv(run_args: Sequence[str], index: int, count: int, report_dir: Path
 
 def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str]) -> dict[str, Any]:
     """Run one shard's process to its end; its exit code, its run folder (None: it left none) and the
-    tail of its output. Module-level, so a Ray worker imports it by name."""
-    proc = subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    return outcome(proc.returncode, report_dir, proc.stdout + proc.stderr)
+    tail of its output. Module-level, so a Ray worker imports it by name. The shard is stopped (SIGTERM:
+    it ends its run with a report) when its campaign writes `STOP_FILE` into `report_dir` — the folder
+    both already share — and when this worker dies (`lifeline.stop_with`)."""
+    folder = Path(report_dir)
+    if (folder / STOP_FILE).exists():  # stopped before this task began: nothing to stop, nothing to start
+        return outcome(None, folder, "not started: the campaign was stopped")
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / CONSOLE, "w", encoding="utf-8") as console:
+        proc = subprocess.Popen(list(argv), cwd=cwd, env={**env, **stop_with(os.getpid())}, stdout=console,
+                                stderr=subprocess.STDOUT)
+    stopped = False
+    while proc.poll() is None:
+        if not stopped and (folder / STOP_FILE).exists():
+            proc.send_signal(signal.SIGTERM)
+            stopped = True
+        time.sleep(stopping.POLL_S)
+    return outcome(proc.returncode, folder, (folder / CONSOLE).read_text(encoding="utf-8", errors="replace"))
 
 
 def outcome(code: int | None, report_dir: str | Path, output: str) -> dict[str, Any]:
@@ -79,10 +95,20 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _die_with_the_campaign() -> None:
-    """Between fork and exec of a local shard: SIGTERM it if the campaign process dies (killed outright,
-    no handler run), so its supervisor ends the run with a report instead of driving the engine on alone."""
-    set_parent_death_signal(signal.SIGTERM)
+@contextlib.contextmanager
+def _stops_recorded() -> Any:
+    """Within: Ctrl-C, SIGTERM and SIGHUP are recorded for the campaign to pass on to its shards
+    (conformance.stopping), in place of whatever handled them — a Ray driver's own handler dumps a stack
+    trace and exits 1 on SIGTERM, which reads as FAIL. Restored after, for a process that goes on (tests,
+    embedding)."""
+    previous = {s: signal.getsignal(s) for s in stopping.STOP_SIGNALS}
+    stopping.install()
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(s, handler)
 
 
 def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], jobs: int) -> tuple[list[dict[str, Any]], int | None]:
@@ -93,16 +119,10 @@ def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], jobs:
     conformance.stopping) sent to the campaign alone is passed on to every shard still running — each
     shard's supervisor then ends its run with an INTERRUPTED report — and no shard starts after it: the
     campaign waits for them all, so it leaves nothing running and loses nothing they recorded. A campaign
-    killed outright takes its shards with it (`_die_with_the_campaign`)."""
-    env, cwd = _env(), os.getcwd()
-    waiting = list(enumerate(zip(argvs, report_dirs)))
-    previous = {s: signal.getsignal(s) for s in stopping.STOP_SIGNALS}
-    stopping.install()
-    try:
-        return _wait_for_shards(waiting, max(1, jobs), cwd, env, len(argvs))
-    finally:
-        for s, handler in previous.items():  # in a process that goes on (tests, embedding): as before
-            signal.signal(s, handler)
+    killed outright takes its shards with it (`lifeline.stop_with`)."""
+    env, cwd = {**_env(), **stop_with(os.getpid())}, os.getcwd()
+    with _stops_recorded():
+        return _wait_for_shards(list(enumerate(zip(argvs, report_dirs))), max(1, jobs), cwd, env, len(argvs))
 
 
 def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str],
@@ -124,8 +144,7 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str],
             k, (argv, d) = waiting.pop(0)
             d.mkdir(parents=True, exist_ok=True)
             with open(d / CONSOLE, "w", encoding="utf-8") as console:
-                running[k] = (subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=console, stderr=subprocess.STDOUT,
-                                               preexec_fn=_die_with_the_campaign), d)
+                running[k] = (subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=console, stderr=subprocess.STDOUT), d)
         for k, (proc, d) in list(running.items()):
             if proc.poll() is not None:
                 outcomes[k] = outcome(proc.returncode, d, (d / CONSOLE).read_text(encoding="utf-8", errors="replace"))
@@ -135,10 +154,12 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str],
 
 
 def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpus: float, num_gpus: float,
-            address: str | None = None) -> list[dict[str, Any]]:
-    """The shards as Ray tasks, each asking for `num_cpus` and `num_gpus` (what its engine needs).
-    The report folders must be reachable by the driver: on one machine they are; on a cluster, put
-    `--out` on a shared file system."""
+            address: str | None = None) -> tuple[list[dict[str, Any]], int | None]:
+    """The shards as Ray tasks, each asking for `num_cpus` and `num_gpus` (what its engine needs); and the
+    stop signal that cut the campaign short, if one did. The report folders must be reachable by the
+    driver: on one machine they are; on a cluster, put `--out` on a shared file system. Stopped, the
+    driver writes `STOP_FILE` into every shard's folder (each task passes SIGTERM on to its shard) and
+    waits for the tasks to end, as a local campaign waits for its processes."""
     import ray
 
     started = not ray.is_initialized()
@@ -147,7 +168,19 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
     try:
         task = ray.remote(run_shard).options(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=0)
         env, cwd = _env(), os.getcwd()
-        return ray.get([task.remote(list(argv), str(d), cwd, env) for argv, d in zip(argvs, report_dirs)])
+        for d in report_dirs:  # an earlier campaign's stop, in a folder used again, must not stop this one
+            (d / STOP_FILE).unlink(missing_ok=True)
+        refs = [task.remote(list(argv), str(d), cwd, env) for argv, d in zip(argvs, report_dirs)]
+        with _stops_recorded():
+            pending, told = refs, False
+            while pending:
+                _, pending = ray.wait(pending, num_returns=len(pending), timeout=stopping.POLL_S)
+                if stopping.requested() is not None and not told:
+                    for d in report_dirs:
+                        d.mkdir(parents=True, exist_ok=True)
+                        (d / STOP_FILE).write_text("")
+                    told = True
+            return ray.get(refs), stopping.requested()
     finally:
         if started:
             ray.shutdown()
@@ -157,14 +190,14 @@ def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str =
                  num_cpus: float = 1, num_gpus: float = 0,
                  address: str | None = None) -> tuple[list[dict[str, Any]], list[Path], int | None]:
     """Run `count` shards of `kvparity run RUN_ARGS` into `out/shards/<i>/`; each shard's outcome, the run
-    folders they left (a shard that left none is missing from the merge), and the stop signal that cut a
-    local campaign short (None: none did)."""
+    folders they left (a shard that left none is missing from the merge), and the stop signal that cut the
+    campaign short (None: none did)."""
     run_args = campaign_seed(run_args)
     dirs = [out / "shards" / str(i) for i in range(1, count + 1)]
     argvs = [shard_argv(run_args, i, count, d) for i, d in enumerate(dirs, start=1)]
     stopped = None
     if executor == "ray":
-        outcomes = run_ray(argvs, dirs, num_cpus, num_gpus, address)
+        outcomes, stopped = run_ray(argvs, dirs, num_cpus, num_gpus, address)
     else:
         outcomes, stopped = run_local(argvs, dirs, jobs or count)
     return outcomes, [Path(o["run_dir"]) for o in outcomes if o["run_dir"]], stopped

@@ -14,6 +14,9 @@ Two things the supervisor cannot learn from `wait()`:
   (its history stays on disk; `kvparity report` re-analyses it as `error`). Where prctl is missing
   (not Linux), the heartbeat thread sees the broken pipe and kills the child's process group itself.
 
+A campaign's shards (`kvparity run` processes, each itself a supervisor) get SIGTERM when the process
+that started them dies (`stop_with`), so each still ends its run with a report.
+
 The child is started in its own session by the supervisor, so "the child's process group" is the child
 and whatever it forked; servers it starts have their own lifetime guard (`adapters.openai_http.leash`).
 """
@@ -30,6 +33,7 @@ from conformance.exit_codes import ExitCode
 
 HEARTBEAT_ENV = "KVPARITY_HEARTBEAT_FD"
 SUPERVISOR_ENV = "KVPARITY_SUPERVISOR_PID"
+PARENT_ENV = "KVPARITY_STOP_WITH_PID"  # a campaign's shard: the process whose death stops it (`stop_with`)
 BEAT_INTERVAL_S = 0.5
 PR_SET_PDEATHSIG = 1
 
@@ -42,6 +46,27 @@ def set_parent_death_signal(signum: int) -> bool:
         return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def stop_with(pid: int) -> dict[str, str]:
+    """The environment entry that asks a `kvparity` process started by `pid` (a campaign starting a shard)
+    to be stopped when `pid` dies: see `stop_with_parent`."""
+    return {PARENT_ENV: str(pid)}
+
+
+def stop_with_parent() -> None:
+    """First thing in a process started with `stop_with(pid)`: ask Linux for SIGTERM when that parent dies.
+    SIGTERM, not SIGKILL: a campaign's shard is itself a supervisor (`kvparity run`), which ends its run
+    with an INTERRUPTED report on SIGTERM, instead of driving the engine on, orphaned, when the campaign
+    (or the Ray worker that ran it) was killed outright. Done here, after exec, rather than in a
+    `preexec_fn` (unsafe in a threaded parent such as a Ray worker). A parent already gone by now: the
+    same SIGTERM, sent by this process to itself."""
+    text = os.environ.pop(PARENT_ENV, None)  # not passed on to what this process starts
+    if text is None or not text.isdigit():
+        return
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != int(text):
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def attach() -> bool:

@@ -146,6 +146,7 @@ def console_main() -> None:
     from conformance import lifeline, status, stopping, supervisor
 
     argv = sys.argv[1:]
+    lifeline.stop_with_parent()  # a campaign's shard: stopped, with its report, when the campaign dies
     if supervisor.should_supervise(argv):
         raise SystemExit(supervisor.supervise(argv))
     child = lifeline.attach()  # a supervised child: it beats for its supervisor and dies with it

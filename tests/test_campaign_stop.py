@@ -3,9 +3,10 @@
 A CI job that is cancelled, or a scheduler ending a job, signals the campaign's process — often it alone.
 Its shards are processes of their own: left to themselves they would drive their engines on, orphaned.
 Both ways, with real processes and real signals (the FAKE engine, for speed: what is tested is the
-campaign's handling): SIGTERM to the campaign is passed on to every shard, each ends with an INTERRUPTED
-history, the merge says error, the exit is 143; SIGKILL (no handler can run) still takes the shards with
-it, each ending its history the same way. The campaign that is not stopped is tests/test_merge.py's.
+campaign's handling): SIGTERM to the campaign, local or on a local Ray runtime, is passed on to every
+shard, each ends with an INTERRUPTED history, the merge says error, the exit is 143 (a Ray driver's own
+handler exited 1: FAIL); SIGKILL of a local campaign (no handler can run) still takes the shards with it,
+each ending its history the same way. The campaign that is not stopped is tests/test_merge.py's.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def out(tmp_path):
             pass
 
 
-def _start(out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvparity", "campaign", "--shards", "2", "--out", str(out),
+def _start(out: Path, *executor: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvparity", "campaign", *executor, "--shards", "2", "--out", str(out),
                              "--engine", "tests.fake_engine:FakeDictEngine", "--profile", "nightly",
                              "--max-examples", "100000", "--no-shrink", "--database", str(out.parent / "db")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -85,8 +86,11 @@ def _causes(out: Path) -> list[str]:
                  "not interrupted") for p in _histories(out)]
 
 
-def test_sigterm_to_the_campaign_stops_every_shard_with_a_report(out):
-    proc = _start(out)
+@pytest.mark.parametrize("executor", [(), ("--ray",)], ids=["local", "ray"])
+def test_sigterm_to_the_campaign_stops_every_shard_with_a_report(out, executor):
+    if executor:
+        pytest.importorskip("ray", reason="ray is not installed (pip install 'kvparity[ray]')")
+    proc = _start(out, *executor)
     _wait_until_both_shards_are_examining(out, proc)
     proc.send_signal(signal.SIGTERM)
     printed, _ = proc.communicate(timeout=120)
