@@ -37,7 +37,7 @@ STOP_FILE = ".stop"  # written into a Ray shard's folder by its campaign when st
 def shard_argv(run_args: Sequence[str], index: int, count: int, report_dir: Path) -> list[str]:
     """The command line of shard `index` of `count`."""
     return [sys.executable, "-m", "kvparity", "run", *run_args, "--shard", f"{index}/{count}",
-            "--report-dir", str(report_dir), "-q"]
+            "--report-dir", str(report_dir)]
 
 
 def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str]) -> dict[str, Any]:
@@ -95,6 +95,32 @@ def _env() -> dict[str, str]:
     return env
 
 
+class ProgressEcho:
+    """Each shard's progress lines (`kvparity: N/M examples, ...`: conformance.progress), as they reach its
+    console.log, on the campaign's stderr with the shard named: a campaign runs for hours, and one that
+    prints nothing until it ends cannot be told from one that hangs. Reads only what is new each time."""
+
+    def __init__(self, report_dirs: Sequence[Path]) -> None:
+        self.report_dirs = list(report_dirs)
+        self.offsets = [0] * len(self.report_dirs)
+        self.partial = [""] * len(self.report_dirs)
+
+    def __call__(self) -> None:
+        count = len(self.report_dirs)
+        for k, folder in enumerate(self.report_dirs):
+            try:
+                with open(folder / CONSOLE, "rb") as console:
+                    console.seek(self.offsets[k])
+                    chunk = console.read()
+            except OSError:  # not started yet
+                continue
+            self.offsets[k] += len(chunk)
+            *lines, self.partial[k] = (self.partial[k] + chunk.decode("utf-8", errors="replace")).split("\n")
+            for line in lines:
+                if line.startswith("kvparity: ") and " examples" in line:
+                    print(f"shard {k + 1}/{count}: {line[len('kvparity: '):]}", file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
 def _stops_recorded() -> Any:
     """Within: Ctrl-C, SIGTERM and SIGHUP are recorded for the campaign to pass on to its shards
@@ -129,8 +155,10 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str],
                      count: int) -> tuple[list[dict[str, Any]], int | None]:
     running: dict[int, tuple[subprocess.Popen, Path]] = {}
     outcomes: dict[int, dict[str, Any]] = {}
+    echo = ProgressEcho([d for _, (_, d) in waiting])
     passed_on = False
     while waiting or running:
+        echo()
         stop = stopping.requested()
         if stop is not None:
             for k, (_, d) in waiting:
@@ -150,6 +178,7 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str],
                 outcomes[k] = outcome(proc.returncode, d, (d / CONSOLE).read_text(encoding="utf-8", errors="replace"))
                 del running[k]
         time.sleep(stopping.POLL_S)
+    echo()
     return [outcomes[k] for k in range(count)], stopping.requested()
 
 
@@ -171,15 +200,18 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
         for d in report_dirs:  # an earlier campaign's stop, in a folder used again, must not stop this one
             (d / STOP_FILE).unlink(missing_ok=True)
         refs = [task.remote(list(argv), str(d), cwd, env) for argv, d in zip(argvs, report_dirs)]
+        echo = ProgressEcho(report_dirs)
         with _stops_recorded():
             pending, told = refs, False
             while pending:
                 _, pending = ray.wait(pending, num_returns=len(pending), timeout=stopping.POLL_S)
+                echo()
                 if stopping.requested() is not None and not told:
                     for d in report_dirs:
                         d.mkdir(parents=True, exist_ok=True)
                         (d / STOP_FILE).write_text("")
                     told = True
+            echo()
             return ray.get(refs), stopping.requested()
     finally:
         if started:

@@ -152,10 +152,15 @@ def test_a_local_campaign_runs_its_shards_and_merges_them(tmp_path, capsys, monk
     code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine",
                      "tests.fake_engine:FakeDictEngine", "--engine-arg", "bug=salt_leak", "--profile", "ci",
                      "--max-examples", "6", "--no-shrink", "--database", str(tmp_path / "db")])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     merged = json.loads((tmp_path / "c" / "results.json").read_text())
     assert code == 1 and merged["verdict"] == "fail" and merged["campaign"]["count"] == 2, printed
     assert [s["shard"] for s in merged["campaign"]["shards"]] == ["1/2", "2/2"]
+    # Each shard's progress reached the campaign's console as it ran, and its whole output its console.log.
+    for i in (1, 2):
+        assert f"shard {i}/2: 6/6 examples" in captured.err, captured.err
+        assert "kvparity: 6/6 examples" in (tmp_path / "c" / "shards" / str(i) / "console.log").read_text()
 
 
 @pytest.mark.parametrize("extra, says", [(["--shard", "1/2"], "--shard is set by the campaign"),
