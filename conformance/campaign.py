@@ -30,7 +30,7 @@ from conformance import stopping
 from conformance.lifeline import stop_with
 
 TAIL_CHARS = 2000  # what a shard's output is kept of, for the campaign's console
-CONSOLE = "console.log"  # a local shard's whole output, beside its run folder
+CONSOLE = "console.log"  # a shard's whole output, beside its run folder
 STOP_FILE = ".stop"  # written into a Ray shard's folder by its campaign when stopped; only its presence counts
 
 
@@ -48,10 +48,7 @@ def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str
     folder = Path(report_dir)
     if (folder / STOP_FILE).exists():  # stopped before this task began: nothing to stop, nothing to start
         return outcome(None, folder, "not started: the campaign was stopped")
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / CONSOLE, "w", encoding="utf-8") as console:
-        proc = subprocess.Popen(list(argv), cwd=cwd, env={**env, **stop_with(os.getpid())}, stdout=console,
-                                stderr=subprocess.STDOUT)
+    proc = start_shard(argv, folder, cwd, env)
     stopped = False
     while proc.poll() is None:
         if not stopped and (folder / STOP_FILE).exists():
@@ -59,6 +56,15 @@ def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str
             stopped = True
         time.sleep(stopping.POLL_S)
     return outcome(proc.returncode, folder, (folder / CONSOLE).read_text(encoding="utf-8", errors="replace"))
+
+
+def start_shard(argv: Sequence[str], folder: Path, cwd: str, env: dict[str, str]) -> subprocess.Popen:
+    """Start a shard's process, its output (stdout and stderr) into `folder`/console.log, asking to be
+    stopped when this process dies (`lifeline.stop_with`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / CONSOLE, "w", encoding="utf-8") as console:
+        return subprocess.Popen(list(argv), cwd=cwd, env={**env, **stop_with(os.getpid())}, stdout=console,
+                                stderr=subprocess.STDOUT)
 
 
 def outcome(code: int | None, report_dir: str | Path, output: str) -> dict[str, Any]:
@@ -145,8 +151,8 @@ def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], jobs:
     conformance.stopping) sent to the campaign alone is passed on to every shard still running — each
     shard's supervisor then ends its run with an INTERRUPTED report — and no shard starts after it: the
     campaign waits for them all, so it leaves nothing running and loses nothing they recorded. A campaign
-    killed outright takes its shards with it (`lifeline.stop_with`)."""
-    env, cwd = {**_env(), **stop_with(os.getpid())}, os.getcwd()
+    killed outright takes its shards with it (`start_shard`)."""
+    env, cwd = _env(), os.getcwd()
     with _stops_recorded():
         return _wait_for_shards(list(enumerate(zip(argvs, report_dirs))), max(1, jobs), cwd, env, len(argvs))
 
@@ -170,9 +176,7 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str],
                 passed_on = True
         while waiting and len(running) < jobs:
             k, (argv, d) = waiting.pop(0)
-            d.mkdir(parents=True, exist_ok=True)
-            with open(d / CONSOLE, "w", encoding="utf-8") as console:
-                running[k] = (subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=console, stderr=subprocess.STDOUT), d)
+            running[k] = (start_shard(argv, d, cwd, env), d)
         for k, (proc, d) in list(running.items()):
             if proc.poll() is not None:
                 outcomes[k] = outcome(proc.returncode, d, (d / CONSOLE).read_text(encoding="utf-8", errors="replace"))
