@@ -8,6 +8,10 @@ where the resources are, so a shard asks for what its engine needs (`num_gpus=1`
 Ray runs it on a node that has it; `ray.init()` with no address starts a local runtime (the tests), with
 one (`RAY_ADDRESS`, `--ray-address`) it joins a cluster.
 
+Either way the campaign waits for its shards on its main thread, echoing their progress, and a stop
+signal sent to it alone reaches every shard, each ending its run with a report (`run_local`, `run_ray`):
+a cancelled CI job leaves no engine running.
+
 However they ran, the shards' folders are then merged from their histories (conformance.campaign_merge):
 a shard whose process died before writing a folder is *missing*, so the campaign is `error`.
 The shards of one campaign share its seed: `--seed` if given; for a profile that draws one (dev,
