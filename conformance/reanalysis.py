@@ -53,7 +53,9 @@ def read_verified(run_dir: Path) -> Verified:
 
     path = history_in(run_dir)  # a run's history.jsonl, or a committed folder's history.jsonl.gz
     if path is None:
-        raise UsageError(f"no history.jsonl (or history.jsonl.gz) in {run_dir}: not a run folder")
+        hint = (" (a campaign's folder: its shards' run folders are under shards/; `kvparity merge` them again)"
+                if (Path(run_dir) / "shards").is_dir() else "")
+        raise UsageError(f"no history.jsonl (or history.jsonl.gz) in {run_dir}: not a run folder{hint}")
     try:
         events, problems = read_events(path)
         integrity = verify(events)

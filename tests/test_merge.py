@@ -161,6 +161,10 @@ def test_a_local_campaign_runs_its_shards_and_merges_them(tmp_path, capsys, monk
     for i in (1, 2):
         assert f"shard {i}/2: 6/6 examples" in captured.err, captured.err
         assert "kvparity: 6/6 examples" in (tmp_path / "c" / "shards" / str(i) / "console.log").read_text()
+    # `kvparity report` given the campaign's folder (no history of its own) says where the histories are.
+    assert cli.main(["report", str(tmp_path / "c")]) == 3
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "shards/" in err and "kvparity merge" in err, err
 
 
 @pytest.mark.parametrize("extra, says", [(["--shard", "1/2"], "--shard is set by the campaign"),
