@@ -201,7 +201,12 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
 
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        # A runtime of our own: a worker whose driver died must not SIGKILL its shard (Ray kills a worker's
+        # direct children when it exits); the shard's parent-death SIGTERM ends its run with a report
+        # instead. A cluster's nodes are configured by their owner: RAY_kill_child_processes_on_worker_exit=0.
+        own = {} if address or os.environ.get("RAY_ADDRESS") else {
+            "_system_config": {"kill_child_processes_on_worker_exit": False}}
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, **own)
     try:
         task = ray.remote(run_shard).options(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=0)
         env, cwd = _env(), os.getcwd()

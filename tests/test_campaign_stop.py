@@ -5,8 +5,8 @@ Its shards are processes of their own: left to themselves they would drive their
 Both ways, with real processes and real signals (the FAKE engine, for speed: what is tested is the
 campaign's handling): SIGTERM to the campaign, local or on a local Ray runtime, is passed on to every
 shard, each ends with an INTERRUPTED history, the merge says error, the exit is 143 (a Ray driver's own
-handler exited 1: FAIL); SIGKILL of a local campaign (no handler can run) still takes the shards with it,
-each ending its history the same way. The campaign that is not stopped is tests/test_merge.py's.
+handler exited 1: FAIL); SIGKILL (no handler can run) still takes the shards with it, each ending its
+history the same way (on Ray, which SIGKILLed a dead worker's children, through the campaign's own runtime). The campaign that is not stopped is tests/test_merge.py's.
 """
 
 from __future__ import annotations
@@ -101,8 +101,11 @@ def test_sigterm_to_the_campaign_stops_every_shard_with_a_report(out, executor):
     assert "INTERRUPTED: the campaign was stopped by SIGTERM" in printed
 
 
-def test_a_campaign_killed_outright_takes_its_shards_with_it(out):
-    proc = _start(out)
+@pytest.mark.parametrize("executor", [(), ("--ray",)], ids=["local", "ray"])
+def test_a_campaign_killed_outright_takes_its_shards_with_it(out, executor):
+    if executor:
+        pytest.importorskip("ray", reason="ray is not installed (pip install 'kvparity[ray]')")
+    proc = _start(out, *executor)
     _wait_until_both_shards_are_examining(out, proc)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
