@@ -1,12 +1,13 @@
-"""A local campaign that is stopped leaves nothing running and loses nothing its shards recorded.
+"""A campaign that is stopped leaves nothing running and loses nothing its shards recorded.
 
 A CI job that is cancelled, or a scheduler ending a job, signals the campaign's process — often it alone.
 Its shards are processes of their own: left to themselves they would drive their engines on, orphaned.
 Both ways, with real processes and real signals (the FAKE engine, for speed: what is tested is the
-campaign's handling): SIGTERM to the campaign, local or on a local Ray runtime, is passed on to every
-shard, each ends with an INTERRUPTED history, the merge says error, the exit is 143 (a Ray driver's own
-handler exited 1: FAIL); SIGKILL (no handler can run) still takes the shards with it, each ending its
-history the same way (on Ray, which SIGKILLed a dead worker's children, through the campaign's own runtime). The campaign that is not stopped is tests/test_merge.py's.
+campaign's handling), each locally and on a local Ray runtime: SIGTERM to the campaign is passed on to
+every shard, each ends with an INTERRUPTED history, the merge says error, the exit is 143 (a Ray driver's
+own handler had exited 1: FAIL); SIGKILL (no handler can run) still takes the shards with it, each ending
+its history the same way (Ray had SIGKILLed them with their worker, cutting their histories). The
+campaign that is not stopped is tests/test_merge.py's.
 """
 
 from __future__ import annotations
