@@ -5,9 +5,9 @@
 Runs the suite once, in this process, against a freshly built engine and prints the run's wall time,
 the time spent inside engine calls (measured on the engine-call thread around each call: `run`,
 `baseline`, `reset`, `configure`, `snapshot`, `capabilities`), and their ratio — 1.0 would be a harness
-that costs nothing. Goal: <= 1.05 on the reference engine's CI profile (issue 32; issue 12's was 1.15). `--cprofile N` also
-prints the N most expensive functions of the harness (cProfile, cumulative), which is how to see where
-the rest goes. One run on a shared machine: compare the ratio, not the seconds.
+that costs nothing. Goal: <= 1.05 on the reference engine's CI profile (issue 32; issue 12's was 1.15).
+`--cprofile N` also prints the N most expensive functions of the harness (cProfile, cumulative), which is
+how to see where the rest goes. One run on a shared machine: compare the ratio, not the seconds.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wall {wall:.2f} s, inside engine calls {calls.busy_s:.2f} s, harness {wall - calls.busy_s:.2f} s "
           f"(of which the harness's own thread used {main_cpu:.2f} s of CPU; the rest is waiting between calls)")
     ratio = wall / calls.busy_s
-    print(f"overhead ratio (wall / engine) {ratio:.3f}: issue 32's goal <= {GOAL}, {'met' if ratio <= GOAL else 'not met'}")
+    print(f"overhead ratio (wall / engine) {ratio:.3f}: issue 32's goal <= {GOAL}, "
+          f"{'met' if ratio <= GOAL else 'not met'}")
     if profiler:
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(args.cprofile)
     return 0

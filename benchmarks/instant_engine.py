@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         rate = requests / cpu
         print(f"repeat {n}: {outcome.verdict.upper()}, {outcome.examples} examples, {requests} requests; "
               f"wall {wall:.2f} s, CPU {cpu:.2f} s: {rate:.0f} requests per CPU second "
-              f"(goal >= {GOAL:,}: {'met' if rate >= GOAL else 'not met'}); engine {calls.busy_s / wall:.1%} of the wall time")
+              f"(goal >= {GOAL:,}: {'met' if rate >= GOAL else 'not met'}); "
+              f"engine {calls.busy_s / wall:.1%} of the wall time")
     if profiler:
         stats = pstats.Stats(profiler, stream=sys.stdout)
         print(by_package(stats))

@@ -147,7 +147,8 @@ def _stops_recorded() -> Any:
                 signal.signal(s, handler)
 
 
-def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], jobs: int) -> tuple[list[dict[str, Any]], int | None]:
+def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path],
+              jobs: int) -> tuple[list[dict[str, Any]], int | None]:
     """The shards as local processes, `jobs` at a time, each one's output in its folder's console.log; and
     the stop signal that cut the campaign short, if one did.
 

@@ -24,7 +24,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shards' parent-death signal is Linux's")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the shards' parent-death signal is Linux's")
 
 
 @pytest.fixture
@@ -41,8 +42,8 @@ def out(tmp_path):
 
 
 def _start(out: Path, *executor: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvparity", "campaign", *executor, "--shards", "2", "--out", str(out),
-                             "--engine", "tests.fake_engine:FakeDictEngine", "--profile", "nightly",
+    return subprocess.Popen([sys.executable, "-m", "kvparity", "campaign", *executor, "--shards", "2",
+                             "--out", str(out), "--engine", "tests.fake_engine:FakeDictEngine", "--profile", "nightly",
                              "--max-examples", "100000", "--no-shrink", "--database", str(out.parent / "db")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
