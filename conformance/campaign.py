@@ -28,13 +28,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from conformance import stopping
 from conformance.lifeline import stop_with
 
 TAIL_CHARS = 2000  # what a shard's output is kept of, for the campaign's console
 CONSOLE = "console.log"  # a shard's whole output, beside its run folder
+NOT_STARTED = "not started: the campaign was stopped"
 STOP_FILE = ".stop"  # written into a Ray shard's folder by its campaign when stopped; only its presence counts
 
 
@@ -51,7 +52,7 @@ def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str
     both already share — and when this worker dies (`lifeline.stop_with`)."""
     folder = Path(report_dir)
     if (folder / STOP_FILE).exists():  # stopped before this task began: nothing to stop, nothing to start
-        return outcome(None, folder, "not started: the campaign was stopped")
+        return outcome(None, folder, NOT_STARTED)
     proc = start_shard(argv, folder, cwd, env)
     stopped = False
     while proc.poll() is None:
@@ -59,7 +60,7 @@ def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str
             proc.send_signal(signal.SIGTERM)
             stopped = True
         time.sleep(stopping.POLL_S)
-    return outcome(proc.returncode, folder, (folder / CONSOLE).read_text(encoding="utf-8", errors="replace"))
+    return ended(proc, folder)
 
 
 def start_shard(argv: Sequence[str], folder: Path, cwd: str, env: dict[str, str]) -> subprocess.Popen:
@@ -69,6 +70,11 @@ def start_shard(argv: Sequence[str], folder: Path, cwd: str, env: dict[str, str]
     with open(folder / CONSOLE, "w", encoding="utf-8") as console:
         return subprocess.Popen(list(argv), cwd=cwd, env={**env, **stop_with(os.getpid())}, stdout=console,
                                 stderr=subprocess.STDOUT)
+
+
+def ended(proc: subprocess.Popen, folder: Path) -> dict[str, Any]:
+    """The outcome of a shard whose process has ended: its exit code, run folder and console.log."""
+    return outcome(proc.returncode, folder, (folder / CONSOLE).read_text(encoding="utf-8", errors="replace"))
 
 
 def outcome(code: int | None, report_dir: str | Path, output: str) -> dict[str, Any]:
@@ -132,19 +138,15 @@ class ProgressEcho:
 
 
 @contextlib.contextmanager
-def _stops_recorded() -> Any:
-    """Within: Ctrl-C, SIGTERM and SIGHUP are recorded for the campaign to pass on to its shards
-    (conformance.stopping), in place of whatever handled them — a Ray driver's own handler dumps a stack
-    trace and exits 1 on SIGTERM, which reads as FAIL. Restored after, for a process that goes on (tests,
-    embedding)."""
-    previous = {s: signal.getsignal(s) for s in stopping.STOP_SIGNALS}
-    stopping.install()
+def _stop_signals() -> Iterator[stopping.StopSignals]:
+    """Within: Ctrl-C, SIGTERM and SIGHUP to the campaign are recorded for it to pass on to its shards, in
+    place of whatever handled them — a Ray driver's own handler dumps a stack trace and exits 1 on SIGTERM,
+    which reads as FAIL. The handlers before come back after (conformance.stopping.StopSignals)."""
+    signals = stopping.StopSignals()
     try:
-        yield
+        yield signals
     finally:
-        for s, handler in previous.items():
-            if handler is not None:  # None: a handler not set from Python, which cannot be put back
-                signal.signal(s, handler)
+        signals.restore()
 
 
 def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path],
@@ -158,22 +160,23 @@ def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path],
     campaign waits for them all, so it leaves nothing running and loses nothing they recorded. A campaign
     killed outright takes its shards with it (`start_shard`)."""
     env, cwd = _env(), os.getcwd()
-    with _stops_recorded():
-        return _wait_for_shards(list(enumerate(zip(argvs, report_dirs))), max(1, jobs), cwd, env, len(argvs))
+    with _stop_signals() as signals:
+        return _wait_for_shards(list(enumerate(zip(argvs, report_dirs))), max(1, jobs), cwd, env, len(argvs),
+                                signals)
 
 
-def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str],
-                     count: int) -> tuple[list[dict[str, Any]], int | None]:
+def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str], count: int,
+                     signals: stopping.StopSignals) -> tuple[list[dict[str, Any]], int | None]:
     running: dict[int, tuple[subprocess.Popen, Path]] = {}
     outcomes: dict[int, dict[str, Any]] = {}
     echo = ProgressEcho([d for _, (_, d) in waiting])
     passed_on = False
     while waiting or running:
         echo()
-        stop = stopping.requested()
+        stop = signals.first
         if stop is not None:
             for k, (_, d) in waiting:
-                outcomes[k] = outcome(None, d, "not started: the campaign was stopped")
+                outcomes[k] = outcome(None, d, NOT_STARTED)
             waiting = []
             if not passed_on:
                 for proc, _ in running.values():
@@ -184,11 +187,11 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str],
             running[k] = (start_shard(argv, d, cwd, env), d)
         for k, (proc, d) in list(running.items()):
             if proc.poll() is not None:
-                outcomes[k] = outcome(proc.returncode, d, (d / CONSOLE).read_text(encoding="utf-8", errors="replace"))
+                outcomes[k] = ended(proc, d)
                 del running[k]
         time.sleep(stopping.POLL_S)
     echo()
-    return [outcomes[k] for k in range(count)], stopping.requested()
+    return [outcomes[k] for k in range(count)], signals.first
 
 
 def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpus: float, num_gpus: float,
@@ -215,18 +218,18 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
             (d / STOP_FILE).unlink(missing_ok=True)
         refs = [task.remote(list(argv), str(d), cwd, env) for argv, d in zip(argvs, report_dirs)]
         echo = ProgressEcho(report_dirs)
-        with _stops_recorded():
+        with _stop_signals() as signals:
             pending, told = refs, False
             while pending:
                 _, pending = ray.wait(pending, num_returns=len(pending), timeout=stopping.POLL_S)
                 echo()
-                if stopping.requested() is not None and not told:
+                if signals.first is not None and not told:
                     for d in report_dirs:
                         d.mkdir(parents=True, exist_ok=True)
                         (d / STOP_FILE).write_text("")
                     told = True
             echo()
-            return ray.get(refs), stopping.requested()
+            return ray.get(refs), signals.first
     finally:
         if started:
             ray.shutdown()

@@ -105,3 +105,31 @@ def install() -> None:
     for s in STOP_SIGNALS:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, _request)
+
+
+class StopSignals:
+    """The stop signals that reach a process that waits on others (a supervisor, a campaign), recorded by a
+    handler and acted on by its wait loop, from construction until `restore`. A signal ignored when the
+    process started (nohup, a background job) stays ignored. Unlike `install`, nothing process-wide is
+    left behind: the handlers in place before come back (one not set from Python, such as a Ray driver's,
+    cannot be put back, and is left as SIG_DFL)."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self.first: int | None = None
+        self._previous: dict[int, Any] = {}
+        for s in STOP_SIGNALS:
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                self._previous[s] = signal.signal(s, self._record)
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.pending.append(signum)
+        self.first = signum if self.first is None else self.first
+
+    def take(self) -> list[int]:
+        taken, self.pending = self.pending, []
+        return taken
+
+    def restore(self) -> None:
+        for s, previous in self._previous.items():
+            signal.signal(s, signal.SIG_DFL if previous is None else previous)

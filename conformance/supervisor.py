@@ -80,31 +80,6 @@ def heartbeat_limit(argv: Sequence[str]) -> float:
     return timeout_s + HEARTBEAT_MARGIN_S
 
 
-class _StopSignals:
-    """The stop signals that reached the parent, recorded by a handler and acted on by the wait loop.
-    A signal ignored when the parent started (nohup, a background job) stays ignored."""
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []
-        self.first: int | None = None
-        self._previous: dict[int, Any] = {}
-        for s in stopping.STOP_SIGNALS:
-            if signal.getsignal(s) is not signal.SIG_IGN:
-                self._previous[s] = signal.signal(s, self._record)
-
-    def _record(self, signum: int, frame: Any) -> None:
-        self.pending.append(signum)
-        self.first = signum if self.first is None else self.first
-
-    def take(self) -> list[int]:
-        taken, self.pending = self.pending, []
-        return taken
-
-    def restore(self) -> None:
-        for s, previous in self._previous.items():
-            signal.signal(s, previous)
-
-
 def supervise(argv: Sequence[str]) -> int:
     """Parent side: run `python -m kvparity ARGV` as a child and answer for it if it dies or hangs."""
     returncode, status, killed, first_signal = _supervised(argv, "kvparity", None, heartbeat_limit(argv))
@@ -123,7 +98,7 @@ def _supervised(argv: Sequence[str], module: str, stdout: Any, limit_s: float) -
     env = {**os.environ, STATUS_ENV: status_path, lifeline.HEARTBEAT_ENV: str(beat_end),
            lifeline.SUPERVISOR_ENV: str(os.getpid()),
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the child imports what we can
-    signals = _StopSignals()
+    signals = stopping.StopSignals()
     try:
         try:
             child = subprocess.Popen([sys.executable, "-m", module, *argv], env=env, pass_fds=(beat_end,),
@@ -143,7 +118,7 @@ def _supervised(argv: Sequence[str], module: str, stdout: Any, limit_s: float) -
     return returncode, status, killed, signals.first
 
 
-def _watch(child: subprocess.Popen, beats: int, limit_s: float, signals: _StopSignals) -> tuple[int, str | None]:
+def _watch(child: subprocess.Popen, beats: int, limit_s: float, signals: stopping.StopSignals) -> tuple[int, str | None]:
     """Wait for the child, forwarding stop signals. Kill its process group when it has not beaten for
     `limit_s`, or is still there `STOP_GRACE_S` after the first stop signal. Returns (its return code,
     how it was killed, or None when it ended by itself)."""

@@ -41,11 +41,16 @@ def out(tmp_path):
             pass
 
 
-def _start(out: Path, *executor: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvparity", "campaign", *executor, "--shards", "2",
+def _started(out: Path, executor: tuple[str, ...]) -> subprocess.Popen:
+    """A campaign of two shards, once both are examining (`--ray`: skipped without ray)."""
+    if executor:
+        pytest.importorskip("ray", reason="ray is not installed (pip install 'kvparity[ray]')")
+    proc = subprocess.Popen([sys.executable, "-m", "kvparity", "campaign", *executor, "--shards", "2",
                              "--out", str(out), "--engine", "tests.fake_engine:FakeDictEngine", "--profile", "nightly",
                              "--max-examples", "100000", "--no-shrink", "--database", str(out.parent / "db")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_until_both_shards_are_examining(out, proc)
+    return proc
 
 
 def _histories(out: Path) -> list[Path]:
@@ -90,10 +95,7 @@ def _causes(out: Path) -> list[str]:
 
 @pytest.mark.parametrize("executor", [(), ("--ray",)], ids=["local", "ray"])
 def test_sigterm_to_the_campaign_stops_every_shard_with_a_report(out, executor):
-    if executor:
-        pytest.importorskip("ray", reason="ray is not installed (pip install 'kvparity[ray]')")
-    proc = _start(out, *executor)
-    _wait_until_both_shards_are_examining(out, proc)
+    proc = _started(out, executor)
     proc.send_signal(signal.SIGTERM)
     printed, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, printed
@@ -105,10 +107,7 @@ def test_sigterm_to_the_campaign_stops_every_shard_with_a_report(out, executor):
 
 @pytest.mark.parametrize("executor", [(), ("--ray",)], ids=["local", "ray"])
 def test_a_campaign_killed_outright_takes_its_shards_with_it(out, executor):
-    if executor:
-        pytest.importorskip("ray", reason="ray is not installed (pip install 'kvparity[ray]')")
-    proc = _start(out, *executor)
-    _wait_until_both_shards_are_examining(out, proc)
+    proc = _started(out, executor)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     left = _wait_for_none_left(out, 60)
