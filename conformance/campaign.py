@@ -52,7 +52,8 @@ def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str
     both already share — and when this worker dies (`lifeline.stop_with`)."""
     folder = Path(report_dir)
     if (folder / STOP_FILE).exists():  # stopped before this task began: nothing to stop, nothing to start
-        return outcome(None, folder, NOT_STARTED)
+        return not_started()
+    before = run_folders(folder)
     proc = start_shard(argv, folder, cwd, env)
     stopped = False
     while proc.poll() is None:
@@ -60,7 +61,7 @@ def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str
             proc.send_signal(signal.SIGTERM)
             stopped = True
         time.sleep(stopping.POLL_S)
-    return ended(proc, folder)
+    return ended(proc, folder, before)
 
 
 def start_shard(argv: Sequence[str], folder: Path, cwd: str, env: dict[str, str]) -> subprocess.Popen:
@@ -72,14 +73,24 @@ def start_shard(argv: Sequence[str], folder: Path, cwd: str, env: dict[str, str]
                                 stderr=subprocess.STDOUT)
 
 
-def ended(proc: subprocess.Popen, folder: Path) -> dict[str, Any]:
-    """The outcome of a shard whose process has ended: its exit code, run folder and console.log."""
-    return outcome(proc.returncode, folder, (folder / CONSOLE).read_text(encoding="utf-8", errors="replace"))
+def run_folders(report_dir: Path) -> set[Path]:
+    """The run folders (`<engine>/<time>/`) under a shard's report folder."""
+    return {p.parent for p in report_dir.glob("*/*/history.jsonl")}
 
 
-def outcome(code: int | None, report_dir: str | Path, output: str) -> dict[str, Any]:
-    folders = sorted(Path(report_dir).glob("*/*/history.jsonl"))
-    return {"exit": code, "run_dir": str(folders[-1].parent) if folders else None, "tail": output[-TAIL_CHARS:]}
+def ended(proc: subprocess.Popen, folder: Path, before: set[Path]) -> dict[str, Any]:
+    """The outcome of a shard whose process has ended: its exit code, console.log, and the run folder it
+    made — one not in `folder` before it started (`before`). A folder used again (a nightly campaign into
+    the same --out) holds earlier campaigns' runs: a shard that made none this time is missing from the
+    merge, never stood in for by an older run of the same shard."""
+    made = sorted(run_folders(folder) - before)
+    return {"exit": proc.returncode, "run_dir": str(made[-1]) if made else None,
+            "tail": (folder / CONSOLE).read_text(encoding="utf-8", errors="replace")[-TAIL_CHARS:]}
+
+
+def not_started() -> dict[str, Any]:
+    """The outcome of a shard the campaign did not start (it was stopped first): no run folder."""
+    return {"exit": None, "run_dir": None, "tail": NOT_STARTED}
 
 
 def campaign_seed(run_args: Sequence[str]) -> list[str]:
@@ -167,7 +178,7 @@ def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path],
 
 def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str], count: int,
                      signals: stopping.StopSignals) -> tuple[list[dict[str, Any]], int | None]:
-    running: dict[int, tuple[subprocess.Popen, Path]] = {}
+    running: dict[int, tuple[subprocess.Popen, Path, set[Path]]] = {}
     outcomes: dict[int, dict[str, Any]] = {}
     echo = ProgressEcho([d for _, (_, d) in waiting])
     passed_on = False
@@ -175,19 +186,20 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str], co
         echo()
         stop = signals.first
         if stop is not None:
-            for k, (_, d) in waiting:
-                outcomes[k] = outcome(None, d, NOT_STARTED)
+            for k, _ in waiting:
+                outcomes[k] = not_started()
             waiting = []
             if not passed_on:
-                for proc, _ in running.values():
+                for proc, _, _ in running.values():
                     proc.send_signal(stop)
                 passed_on = True
         while waiting and len(running) < jobs:
             k, (argv, d) = waiting.pop(0)
-            running[k] = (start_shard(argv, d, cwd, env), d)
-        for k, (proc, d) in list(running.items()):
+            before = run_folders(d)
+            running[k] = (start_shard(argv, d, cwd, env), d, before)
+        for k, (proc, d, before) in list(running.items()):
             if proc.poll() is not None:
-                outcomes[k] = ended(proc, d)
+                outcomes[k] = ended(proc, d, before)
                 del running[k]
         time.sleep(stopping.POLL_S)
     echo()

@@ -5,7 +5,9 @@ errored, unfinished, unsealed, tampered with, of another campaign or no shard at
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,6 +167,42 @@ def test_a_local_campaign_runs_its_shards_and_merges_them(tmp_path, capsys, monk
     assert cli.main(["report", str(tmp_path / "c")]) == 3
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "shards/" in err and "kvparity merge" in err, err
+
+
+def test_a_campaign_into_a_used_folder_is_judged_on_its_own_shards_alone(tmp_path, capsys, monkeypatch):
+    """A nightly campaign into the same --out finds the last night's shards there. Shards that leave no run
+    folder this time (here: an engine that does not exist) are missing, and the merged report in --out says
+    error — it used to be merged from the last night's folders and say PASS, exit 0."""
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    out = tmp_path / "c"
+    common = ["campaign", "--shards", "2", "--out", str(out), "--profile", "ci", "--max-examples", "2",
+              "--database", str(tmp_path / "db")]
+    assert cli.main([*common, "--engine", "tests.fake_engine:FakeDictEngine"]) == 0
+    capsys.readouterr()
+    code = cli.main([*common, "--engine", "tests.fake_engine:NoSuchEngine"])
+    printed = capsys.readouterr().out
+    merged = json.loads((out / "results.json").read_text())
+    assert code == 3 and merged["verdict"] == "error" and merged["campaign"]["shards"] == [], printed
+    assert all(any(f"shard {i}/2 left no run folder (exit 3)" in p and "NoSuchEngine" in p
+                   for p in merged["campaign"]["problems"]) for i in (1, 2)), merged["campaign"]["problems"]
+    assert 'errors="1"' in (out / "junit.xml").read_text()
+    assert len(list((out / "shards").glob("*/*/*/history.jsonl"))) == 2  # last night's folders are kept
+
+
+@pytest.mark.parametrize("makes", [False, True])
+def test_a_shard_task_reports_only_the_run_folder_its_shard_made(tmp_path, makes):
+    """The Ray task's side (`run_shard`), with a FAKE shard process (a Python one-liner): an older run folder
+    in the shard's folder is never reported as this shard's; the one it made is."""
+    from conformance.campaign import run_shard
+
+    folder = tmp_path / "shards" / "1"
+    (folder / "fake" / "20200101-000000").mkdir(parents=True)
+    (folder / "fake" / "20200101-000000" / "history.jsonl").write_text("")
+    new = folder / "fake" / "20990101-000000"
+    script = f"import pathlib; p = pathlib.Path({str(new)!r}); p.mkdir(); (p / 'history.jsonl').write_text('')"
+    outcome = run_shard([sys.executable, "-c", script if makes else "raise SystemExit(3)"], str(folder),
+                        str(tmp_path), dict(os.environ))
+    assert outcome["exit"] == (0 if makes else 3) and outcome["run_dir"] == (str(new) if makes else None)
 
 
 @pytest.mark.parametrize("extra, says", [(["--shard", "1/2"], "--shard is set by the campaign"),

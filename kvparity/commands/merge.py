@@ -23,14 +23,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def work(args: argparse.Namespace) -> int:
-    from conformance.campaign_merge import merge
-    from conformance.campaign_report import write_campaign
     from conformance.contract import UsageError
 
     out = Path(args.out)
     if any(out.resolve() == Path(d).resolve() for d in args.run_dirs):
         raise UsageError(f"--out {out} is one of the shards' folders; the merged report goes elsewhere")
-    history, analysis, campaign = merge([Path(d) for d in args.run_dirs])
+    return merge_into(out, [Path(d) for d in args.run_dirs])
+
+
+def merge_into(out: Path, run_dirs: Sequence[Path], problems: Sequence[str] = ()) -> int:
+    """Merge `run_dirs` into a report in `out` and print its verdict; the exit code. `problems`: what the
+    caller knows is wrong beyond the folders (`kvparity campaign`: a shard that left none, and why), each
+    an error of the merged verdict. Written even when no folder is given, so `out` never keeps the report
+    of an earlier merge."""
+    from conformance.campaign_merge import merge
+    from conformance.campaign_report import write_campaign
+    from conformance.contract import UsageError
+
+    history, analysis, campaign = merge(run_dirs)
+    analysis.errors[:0] = problems
+    campaign["problems"][:0] = problems
     try:
         out.mkdir(parents=True, exist_ok=True)
         results = write_campaign(out, history, analysis, campaign)
