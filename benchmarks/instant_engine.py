@@ -44,9 +44,13 @@ def main(argv: list[str] | None = None) -> int:
 
     profiler = None
     for n in range(args.repeats):
-        drawn, draw_cpu = drawing_alone(FakeDictEngine().capabilities(), args.profile)
+        drawn, choices, examples, draw_cpu = drawing_alone(FakeDictEngine().capabilities(), args.profile)
         print(f"repeat {n}, drawing alone: {drawn} requests drawn in {draw_cpu:.2f} s of CPU: "
               f"{drawn / draw_cpu:.0f} per CPU second, the ceiling of a harness that draws this stream")
+        flat_cpu, blob_cpu = hypothesis_floor(examples, round(choices / examples), drawn)
+        print(f"repeat {n}, Hypothesis alone: its {choices / drawn:.1f} choices a request as plain integers, "
+              f"no strategy code: {drawn / flat_cpu:.0f} per CPU second; one byte-string choice a request: "
+              f"{drawn / blob_cpu:.0f}")
         calls = EngineCalls(300.0)
         profiler = cProfile.Profile() if args.cprofile and n == args.repeats - 1 else None
         with tempfile.TemporaryDirectory() as out:
@@ -72,29 +76,57 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def drawing_alone(caps, profile: str) -> tuple[int, float]:
+def drawing_alone(caps, profile: str) -> tuple[int, int, int, float]:
     """The profile's stream drawn and nothing else (Hypothesis and kvparity's strategies; no engine,
-    recording, checks or coverage): (requests drawn, CPU seconds). Its own derandomised stream, not the
-    run's (Hypothesis derives that from the test function), of the same strategies and size. No harness
-    that draws its streams this way checks requests faster than this, whatever else it costs."""
+    recording, checks or coverage): (requests drawn, Hypothesis choices made, examples, CPU seconds). Its
+    own derandomised stream, not the run's (Hypothesis derives that from the test function), of the same
+    strategies and size. No harness that draws its streams this way checks requests faster than this,
+    whatever else it costs."""
     from hypothesis import given, settings
+    from hypothesis.control import current_build_context
 
     from conformance import seeded
     from conformance.run_config import PROFILES, profile_settings
     from conformance.scenario import Batch
     from conformance.strategies import scenarios
 
-    drawn = [0]
+    drawn = [0, 0, 0]  # requests, choices, examples
 
     @settings(profile_settings(profile), database=None)
     @given(scenarios(caps, max_steps=PROFILES[profile]))
     def draw_only(scenario: tuple) -> None:
         drawn[0] += sum(len(step.items) for step in scenario if isinstance(step, Batch))
+        drawn[1] += len(current_build_context().data.nodes)  # Hypothesis' own record of this example's choices
+        drawn[2] += 1
 
     with seeded.seed_only():
         cpu0 = time.process_time()
         draw_only()
-        return drawn[0], time.process_time() - cpu0
+        return drawn[0], drawn[1], drawn[2], time.process_time() - cpu0
+
+
+def hypothesis_floor(examples: int, choices: int, requests: int) -> tuple[float, float]:
+    """CPU seconds Hypothesis alone takes to make `examples` examples of `choices` plain integer choices
+    each (what kvparity's streams draw, without its strategies), and of one byte-string choice per request
+    instead (`requests` in all): the first bounds any harness that draws a request field by field through
+    Hypothesis; the second is what drawing each request whole, as one choice decoded by the harness, would
+    leave (Hypothesis then shrinks and mutates bytes, not fields)."""
+    from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+
+    def cpu(strategy: st.SearchStrategy) -> float:
+        @settings(max_examples=examples, database=None, derandomize=True, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def draw_only(_: object) -> None:
+            pass
+
+        cpu0 = time.process_time()
+        draw_only()
+        return time.process_time() - cpu0
+
+    per_example = max(1, round(requests / examples))
+    return (cpu(st.lists(st.integers(0, 255), min_size=choices, max_size=choices)),
+            cpu(st.lists(st.binary(min_size=16, max_size=16), min_size=per_example, max_size=per_example)))
 
 
 def by_package(stats: pstats.Stats) -> str:
