@@ -24,6 +24,7 @@ import contextlib
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -204,6 +205,28 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str], co
         time.sleep(stopping.POLL_S)
     echo()
     return [outcomes[k] for k in range(count)], signals.first
+
+
+RAY_CONNECT_S = 10.0  # how long the campaign tries a Ray cluster's address before saying it is unreachable
+
+
+def check_ray_address(address: str | None) -> None:
+    """Refuse, in one line, a Ray cluster address (`--ray-address`, else RAY_ADDRESS) that takes no TCP
+    connection: `ray.init` retries an unreachable cluster for as long as it runs (measured: still logging
+    "Failed to connect to GCS" after 5 minutes, Ray 2.60), so a mistyped address hung the campaign until
+    its CI job was killed. Forms other than HOST:PORT and ray://HOST:PORT (`auto`, `local`) are Ray's."""
+    from conformance.contract import UsageError
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_S).close()
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"the Ray cluster at {address} cannot be reached: {exc}") from None
 
 
 def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpus: float, num_gpus: float,

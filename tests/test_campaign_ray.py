@@ -61,3 +61,29 @@ def test_a_ray_campaign_merges_to_the_verdict_of_its_shards_run_separately(tmp_p
     code = cli.main(["merge", *[str(p.parent) for p in ray_shards[:3]], "--out", str(tmp_path / "three")])
     printed = capsys.readouterr().out
     assert code == 3 and "shard(s) 4/4 missing: 4 declared, 3 given" in printed, printed
+
+
+def test_a_ray_address_that_takes_no_connection_is_refused_before_any_shard(tmp_path, capsys):
+    """`ray.init` retries an unreachable cluster for as long as it runs (still trying after 5 minutes): the
+    campaign tries the address itself first. The port of a socket just closed, so nothing listens there."""
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    code = cli.main(["campaign", "--shards", "2", "--ray", "--ray-address", f"127.0.0.1:{port}",
+                     "--out", str(tmp_path / "c"), *_run_args(tmp_path / "db")])
+    err = capsys.readouterr().err
+    assert code == 3 and len(err.strip().splitlines()) == 1 and "cannot be reached" in err, err
+    assert not (tmp_path / "c" / "shards").exists()
+
+
+@pytest.mark.parametrize("form", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "auto"])
+def test_a_ray_address_that_takes_a_connection_or_is_rays_own_word_passes_the_check(form):
+    from conformance.campaign import check_ray_address
+    import socket
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_ray_address(form.format(port=listening.getsockname()[1]))  # raises UsageError if refused

@@ -47,6 +47,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.ray and find_spec("ray") is None:
         raise UsageError("--ray: ray is not installed (pip install 'kvparity[ray]')")
     run_parser().parse_args(rest)  # a bad run argument is refused before any shard starts
+    if args.ray:
+        from conformance.campaign import check_ray_address
+
+        check_ray_address(args.ray_address)
     args.run_args = rest
     return args
 
