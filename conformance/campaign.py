@@ -40,10 +40,27 @@ NOT_STARTED = "not started: the campaign was stopped"
 STOP_FILE = ".stop"  # written into a Ray shard's folder by its campaign when stopped; only its presence counts
 
 
-def shard_argv(run_args: Sequence[str], index: int, count: int, report_dir: Path) -> list[str]:
-    """The command line of shard `index` of `count`."""
+def shard_argv(run_args: Sequence[str], index: int, count: int, report_dir: Path,
+               own: Sequence[str] = ()) -> list[str]:
+    """The command line of shard `index` of `count`; `own`: its own engine arguments (K=V)."""
     return [sys.executable, "-m", "kvparity", "run", *run_args, "--shard", f"{index}/{count}",
-            "--report-dir", str(report_dir)]
+            *[a for kv in own for a in ("--shard-engine-arg", kv)], "--report-dir", str(report_dir)]
+
+
+def own_engine_args(specs: Sequence[str], count: int) -> list[list[str]]:
+    """`--shard-engine-arg K=V1,...,Vn` (n = `count`) as each shard's own `K=Vi`: the replica each drives,
+    say. A spec without exactly n values is a one-line usage error."""
+    from conformance.contract import UsageError
+
+    per_shard: list[list[str]] = [[] for _ in range(count)]
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        parts = values.split(",")
+        if not sep or not key.strip() or len(parts) != count:
+            raise UsageError(f"--shard-engine-arg {spec!r}: expected KEY=V1,...,V{count}, one value per shard")
+        for mine, value in zip(per_shard, parts):
+            mine.append(f"{key.strip()}={value}")
+    return per_shard
 
 
 def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str]) -> dict[str, Any]:
@@ -271,14 +288,14 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
 
 
 def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str = "local", jobs: int | None = None,
-                 num_cpus: float = 1, num_gpus: float = 0,
-                 address: str | None = None) -> tuple[list[dict[str, Any]], list[Path], int | None]:
-    """Run `count` shards of `kvparity run RUN_ARGS` into `out/shards/<i>/`; each shard's outcome, the run
-    folders they left (a shard that left none is missing from the merge), and the stop signal that cut the
-    campaign short (None: none did)."""
+                 num_cpus: float = 1, num_gpus: float = 0, address: str | None = None,
+                 own: Sequence[Sequence[str]] = ()) -> tuple[list[dict[str, Any]], list[Path], int | None]:
+    """Run `count` shards of `kvparity run RUN_ARGS` into `out/shards/<i>/`, shard i with its own engine
+    arguments `own[i - 1]` if given; each shard's outcome, the run folders they left (a shard that left none
+    is missing from the merge), and the stop signal that cut the campaign short (None: none did)."""
     run_args = campaign_seed(run_args)
     dirs = [out / "shards" / str(i) for i in range(1, count + 1)]
-    argvs = [shard_argv(run_args, i, count, d) for i, d in enumerate(dirs, start=1)]
+    argvs = [shard_argv(run_args, i, count, d, own[i - 1] if own else ()) for i, d in enumerate(dirs, start=1)]
     stopped = None
     if executor == "ray":
         outcomes, stopped = run_ray(argvs, dirs, num_cpus, num_gpus, address)

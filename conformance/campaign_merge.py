@@ -95,8 +95,11 @@ def campaign_problems(runs: Sequence[ShardRun]) -> tuple[list[str], int | None]:
         if r.campaign_seed != first.campaign_seed:
             problems.append(f"{r.name} has campaign seed {r.campaign_seed!r}, {first.name} {first.campaign_seed!r}: "
                             "not one campaign")
+        if r.shard.own_engine_args != first.shard.own_engine_args:
+            problems.append(f"{r.name} has engine arguments of its own {list(r.shard.own_engine_args)}, "
+                            f"{first.name} {list(first.shard.own_engine_args)}: not one campaign")
         for key in SAME:
-            if r.history.meta.get(key) != first.history.meta.get(key):
+            if common(r, key) != common(first, key):
                 problems.append(f"{r.name} differs from {first.name} in {key}: not one campaign")
     seen: dict[int, ShardRun] = {}
     for r in shards:
@@ -108,6 +111,15 @@ def campaign_problems(runs: Sequence[ShardRun]) -> tuple[list[str], int | None]:
         problems.append(f"shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing: {count} declared, "
                         f"{len(seen)} given")
     return problems, count
+
+
+def common(run: ShardRun, key: str) -> Any:
+    """What the shard recorded for `key` in its run_start, less its own engine arguments (`--shard-engine-arg`:
+    where shards differ by design, e.g. each drives its own replica)."""
+    value = run.history.meta.get(key)
+    if key == "engine_args" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in run.shard.own_engine_args}
+    return value
 
 
 def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int, int, ShardRun]]]:
@@ -132,6 +144,8 @@ def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int,
     h = builder.history
     h.digest, h.in_flight = None, ()
     h.meta = {k: v for k, v in h.meta.items() if k != "shard"}
+    if usable:
+        h.meta["engine_args"] = common(usable[0], "engine_args")  # each shard's own are in the shard table
     h.meta["seed"] = "per shard"
     h.meta["campaign"] = {"shards": len(usable), "campaign_seed": usable[0].campaign_seed if usable else None}
     duration = sum(float((r.history.ended or {}).get("duration_s") or 0) for r in usable)
@@ -161,9 +175,18 @@ def merge(run_dirs: Sequence[Path]) -> tuple[History, Analysis, dict[str, Any]]:
              "shards": [{"shard": str(run.shard), "run_dir": str(run.run_dir), "examples": [first, last],
                          "shrink_steps": shrink_steps(run),
                          "seed": run.history.meta.get("seed"), "history_digest": run.history.digest,
+                         "own_engine_args": own_engine_args(run),
                          **recorded(run.run_dir)} for first, last, run in ranges],
              "problems": [p for r in runs for p in r.problems] + problems}
     return history, analysis, {**block, "_ranges": ranges}
+
+
+def own_engine_args(run: ShardRun) -> dict[str, Any]:
+    """The engine arguments that are this shard's own, with the values it ran with."""
+    recorded_args = run.history.meta.get("engine_args") if run.history is not None else None
+    if run.shard is None or not isinstance(recorded_args, dict):
+        return {}
+    return {k: recorded_args.get(k) for k in run.shard.own_engine_args}
 
 
 def recorded(run_dir: Path) -> dict[str, Any]:

@@ -44,14 +44,17 @@ def dedupe(findings: list[dict[str, Any]], ranges: Sequence[tuple[int, int, Any]
 
 
 def campaign_blocks(campaign: Mapping[str, Any]) -> list[Any]:
+    own = any(s.get("own_engine_args") for s in campaign["shards"])
     rows = [[s["shard"], str(s["verdict"] or "(none recorded)"), _examples(s),
              f"`{s['seed']}`", f"`{(s['history_digest'] or '')[:12]}`", f"`{s['run_dir']}`"]
+            + ([", ".join(f"`{k}={v}`" for k, v in s["own_engine_args"].items())] if own else [])
             for s in campaign["shards"]]
     out: list[Any] = [Heading(2, "Campaign"),
                       Para(f"{len(campaign['shards'])} of {campaign['count']} shard(s) merged, campaign seed "
                            f"`{campaign['campaign_seed']}`; their histories were verified and judged as one run.")]
     if rows:
-        out.append(Table(["shard", "its own verdict", "examples", "seed", "history", "run folder"], rows))
+        out.append(Table(["shard", "its own verdict", "examples", "seed", "history", "run folder"]
+                         + (["its own engine arguments"] if own else []), rows))
     if campaign["problems"]:
         out.append(Para("**The campaign is incomplete or inconsistent:** " + "; ".join(campaign["problems"])))
     return out

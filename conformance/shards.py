@@ -38,10 +38,15 @@ _FORM = re.compile(r"^\s*(\d{1,6})\s*/\s*(\d{1,6})\s*$")
 
 @frozen
 class Shard:
-    """Shard `index` of `count`, counted from 1 (as CI matrices count their jobs: 1/4 ... 4/4)."""
+    """Shard `index` of `count`, counted from 1 (as CI matrices count their jobs: 1/4 ... 4/4).
+
+    `own_engine_args`: the keys of the engine arguments that are this shard's own (`--shard-engine-arg`):
+    where it differs from its campaign's other shards by design — the replica it drives (`base_url=`), not
+    the engine. `kvparity merge` lets shards differ in these keys alone."""
 
     index: int
     count: int
+    own_engine_args: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
@@ -52,10 +57,11 @@ class Shard:
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
 
     def to_json(self, campaign_seed: int | str) -> dict[str, Any]:
-        return {"index": self.index, "count": self.count, "campaign_seed": campaign_seed}
+        own = {"own_engine_args": list(self.own_engine_args)} if self.own_engine_args else {}
+        return {"index": self.index, "count": self.count, "campaign_seed": campaign_seed, **own}
 
 
-def parse_shard(text: str) -> Shard:
+def parse_shard(text: str, own_engine_args: tuple[str, ...] = ()) -> Shard:
     """`--shard i/n` with 1 <= i <= n; anything else is a one-line usage error."""
     m = _FORM.match(str(text))
     if not m:
@@ -63,7 +69,7 @@ def parse_shard(text: str) -> Shard:
     index, count = int(m.group(1)), int(m.group(2))
     if count < 1 or not 1 <= index <= count:
         raise UsageError(f"--shard {text!r}: the shard must be 1 to n of n shards (n at least 1)")
-    return Shard(index, count)
+    return Shard(index, count, tuple(sorted(own_engine_args)))
 
 
 def shard_of(meta: Mapping[str, Any]) -> tuple[Shard, Any] | None:
@@ -72,7 +78,9 @@ def shard_of(meta: Mapping[str, Any]) -> tuple[Shard, Any] | None:
     rec = meta.get("shard")
     if not isinstance(rec, Mapping):
         return None
-    index, count = rec.get("index"), rec.get("count")
+    index, count, own = rec.get("index"), rec.get("count"), rec.get("own_engine_args", [])
     if not (isinstance(index, int) and isinstance(count, int) and 1 <= index <= count):
         return None
-    return Shard(index, count), rec.get("campaign_seed")
+    if not (isinstance(own, list) and all(isinstance(k, str) for k in own)):
+        return None
+    return Shard(index, count, tuple(sorted(own))), rec.get("campaign_seed")

@@ -17,7 +17,7 @@ from kvparity import cli
 
 
 def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: str = "fake",
-           shrink: bool = False) -> Path:
+           shrink: bool = False, engine_args: dict | None = None, own: tuple = ()) -> Path:
     from conformance.run_config import RunConfig
     from conformance.runner import run_suite
     from fake_engine import FakeDictEngine
@@ -25,7 +25,8 @@ def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: 
     run_dir = root / name
     run_dir.mkdir()
     config = RunConfig(engine_name=engine, profile="ci", run_dir=run_dir, database_dir=root / f"db-{name}",
-                       max_examples=6, shrink=shrink, shard=parse_shard(shard) if shard else None)
+                       max_examples=6, shrink=shrink, shard=parse_shard(shard, own) if shard else None,
+                       engine_args=engine_args or {})
     run_suite(FakeDictEngine(bug=bug), config)
     return run_dir
 
@@ -40,7 +41,16 @@ def runs(tmp_path_factory):
             "other-2": _shard(root, "other-2", "2/2", engine="fake-other"),
             "plain": _shard(root, "plain", None),
             "shrunk-1": _shard(root, "shrunk-1", "1/2", bug="salt_leak", engine="fake-shrunk", shrink=True),
-            "shrunk-2": _shard(root, "shrunk-2", "2/2", bug="salt_leak", engine="fake-shrunk", shrink=True)}
+            "shrunk-2": _shard(root, "shrunk-2", "2/2", bug="salt_leak", engine="fake-shrunk", shrink=True),
+            # Two replicas of one engine: each shard drives its own (`--shard-engine-arg replica=...`).
+            "replica-1": _shard(root, "replica-1", "1/2", engine="fake-replicas", engine_args={"replica": "a", "k": "1"},
+                                own=("replica",)),
+            "replica-2": _shard(root, "replica-2", "2/2", engine="fake-replicas", engine_args={"replica": "b", "k": "1"},
+                                own=("replica",)),
+            "undeclared-2": _shard(root, "undeclared-2", "2/2", engine="fake-replicas",
+                                   engine_args={"replica": "b", "k": "1"}),
+            "other-k-2": _shard(root, "other-k-2", "2/2", engine="fake-replicas",
+                                engine_args={"replica": "b", "k": "2"}, own=("replica",))}
 
 
 def _merge(capsys, out: Path, *dirs: Path) -> tuple[int, dict, str]:
@@ -97,6 +107,22 @@ def test_a_missing_shard_makes_the_campaign_error(runs, tmp_path, capsys):
     assert code == 3 and merged["verdict"] == "error"
     assert any("2/2 missing" in e for e in merged["errors"]), merged["errors"]
     assert "ERROR: shard(s) 2/2 missing: 2 declared, 1 given" in printed
+
+
+def test_shards_that_differ_only_in_their_own_engine_arguments_are_one_campaign(runs, tmp_path, capsys):
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["replica-1"], runs["replica-2"])
+    assert code == 0 and merged["verdict"] == "pass", printed
+    assert merged["run"]["engine_args"] == {"k": "1"}
+    assert [s["own_engine_args"] for s in merged["campaign"]["shards"]] == [{"replica": "a"}, {"replica": "b"}]
+    assert "`replica=b`" in (tmp_path / "m" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("second, says", [("undeclared-2", "engine arguments of its own"),
+                                          ("other-k-2", "differs from shard 1/2")])
+def test_shards_that_differ_in_any_other_engine_argument_are_not_one_campaign(runs, tmp_path, capsys, second, says):
+    """An undeclared difference (the other shard names no own argument), or one in another key."""
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["replica-1"], runs[second])
+    assert code == 3 and merged["verdict"] == "error" and says in printed, printed
 
 
 @pytest.mark.parametrize("second, says", [("crash-2", "shard 2/2"), ("1", "given twice"),
@@ -203,6 +229,30 @@ def test_a_shard_task_reports_only_the_run_folder_its_shard_made(tmp_path, makes
     outcome = run_shard([sys.executable, "-c", script if makes else "raise SystemExit(3)"], str(folder),
                         str(tmp_path), dict(os.environ))
     assert outcome["exit"] == (0 if makes else 3) and outcome["run_dir"] == (str(new) if makes else None)
+
+
+def test_a_campaign_gives_each_shard_its_own_engine_argument(tmp_path, capsys, monkeypatch):
+    """`--shard-engine-arg K=V1,V2`: shard i runs with K=Vi (each its own replica, say) and they still merge."""
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine",
+                     "tests.fake_engine:FakeDictEngine", "--shard-engine-arg", "hang_s=5,6", "--profile", "ci",
+                     "--max-examples", "2", "--no-shrink", "--database", str(tmp_path / "db")])
+    printed = capsys.readouterr().out
+    merged = json.loads((tmp_path / "c" / "results.json").read_text())
+    assert code == 0 and merged["verdict"] == "pass", printed
+    assert [s["own_engine_args"] for s in merged["campaign"]["shards"]] == [{"hang_s": "5"}, {"hang_s": "6"}]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["campaign", "--shards", "2", "--shard-engine-arg", "hang_s=5"], "one value per shard"),
+    (["campaign", "--shards", "2", "--shard-engine-arg", "hang_s=5,6", "--engine-arg", "hang_s=1"], "given twice"),
+    (["run", "--shard-engine-arg", "hang_s=5"], "give --shard I/N too")])
+def test_a_shards_own_engine_arguments_are_checked_before_any_engine(argv, says, tmp_path, capsys):
+    out = ["--out", str(tmp_path / "c")] if argv[0] == "campaign" else ["--report-dir", str(tmp_path / "r")]
+    code = cli.main([*argv, *out, "--engine", "tests.fake_engine:FakeDictEngine"])
+    err = capsys.readouterr().err
+    assert code == 3 and says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "c").exists() and not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("extra, says", [(["--shard", "1/2"], "--shard is set by the campaign"),

@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-cpus", type=float, default=1.0, help="with --ray: CPUs each shard's task asks for")
     p.add_argument("--shard-gpus", type=float, default=0.0,
                    help="with --ray: GPUs each shard's task asks for (1 for an engine on one GPU)")
+    p.add_argument("--shard-engine-arg", action="append", default=[], metavar="K=V1,...,VN",
+                   help="an engine argument each shard has its own value of, e.g. the replica it drives: "
+                        "base_url=http://127.0.0.1:8001,http://127.0.0.1:8002 (one value per shard)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="without --ray: shards run at once (none: all of them)")
     return p
@@ -38,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The campaign's own options; everything else is `kvparity run`'s, checked here by its parser."""
+    from conformance.campaign import check_ray_address, own_engine_args
+    from conformance.engines import parse_engine_args
     from kvparity.commands.run import build_parser as run_parser
 
     args, rest = build_parser().parse_known_args(argv)
@@ -46,10 +51,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
             raise UsageError(f"{option} is set by the campaign for each shard; leave it out")
     if args.ray and find_spec("ray") is None:
         raise UsageError("--ray: ray is not installed (pip install 'kvparity[ray]')")
-    run_parser().parse_args(rest)  # a bad run argument is refused before any shard starts
+    args.own = own_engine_args(args.shard_engine_arg, args.shards)
+    run = run_parser().parse_args(rest)  # a bad run argument is refused before any shard starts
+    parse_engine_args([*run.engine_arg, *args.own[0]])  # so is a key given as both kinds
     if args.ray:
-        from conformance.campaign import check_ray_address
-
         check_ray_address(args.ray_address)
     args.run_args = rest
     return args
@@ -61,7 +66,8 @@ def work(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     outcomes, run_dirs, stopped = run_campaign(args.run_args, args.shards, out, "ray" if args.ray else "local",
-                                               args.jobs, args.shard_cpus, args.shard_gpus, args.ray_address)
+                                               args.jobs, args.shard_cpus, args.shard_gpus, args.ray_address,
+                                               args.own)
     left_none = []
     for i, o in enumerate(outcomes, start=1):
         last = (o["tail"].strip().splitlines() or ["(no output)"])[-1]

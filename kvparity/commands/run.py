@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run shard I of N (counted from 1): a stream of its own, its seed derived from the run's "
                           "seed (or, for ci, from the shard alone) and recorded; `kvparity merge` joins the N run "
                           "folders into one verdict (none: not a shard)")
+    run.add_argument("--shard-engine-arg", action="append", default=[], metavar="K=V",
+                     help="with --shard: an engine argument that is this shard's own, e.g. the replica it drives "
+                          "(base_url=...); `kvparity merge` lets a campaign's shards differ in these keys alone")
     run.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT/N",
                      help="Hypothesis' example database (failures are replayed first): a folder, or a Redis on this "
                           "machine shared by a campaign's shards (needs kvparity[campaign]; loopback hosts only) "
@@ -76,12 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from(args: argparse.Namespace, calibration: Any, known: Any) -> Any:
     """The run's configuration, validated once (conformance.run_config): bad checks, profile or
     --strict-known without --known are a one-line usage error before any engine is built."""
+    from conformance.contract import UsageError
     from conformance.engines import parse_engine_args
     from conformance.example_database import is_url
     from conformance.run_config import RunConfig
     from conformance.shards import parse_shard
 
-    return RunConfig(engine_name=args.engine, engine_args=parse_engine_args(args.engine_arg),
+    own = parse_engine_args(args.shard_engine_arg)
+    if own and args.shard is None:
+        raise UsageError("--shard-engine-arg is a shard's own engine argument: give --shard I/N too")
+    shard = parse_shard(args.shard, tuple(own)) if args.shard is not None else None
+    return RunConfig(engine_name=args.engine, engine_args=parse_engine_args([*args.engine_arg,
+                                                                             *args.shard_engine_arg]),
                      profile=args.profile, checks=[c for c in args.checks.split(",") if c.strip()],
                      report_dir=args.report_dir, seed=args.seed, max_examples=args.max_examples,
                      timeout_s=args.timeout, shrink=not (args.no_shrink or args.exitfirst),
@@ -91,7 +100,7 @@ def config_from(args: argparse.Namespace, calibration: Any, known: Any) -> Any:
                      calibration=calibration.path if calibration else None, close=True,
                      logprob_epsilon=calibration.logprob_epsilon if calibration else None,
                      known_findings=known, strict_known=args.strict_known,
-                     shard=parse_shard(args.shard) if args.shard is not None else None,
+                     shard=shard,
                      database_url=args.database if is_url(args.database) else None,
                      database_dir=None if is_url(args.database) else args.database)
 
