@@ -27,6 +27,7 @@ class FakeServer:
     def __init__(self, mode: str = "ids") -> None:
         self.mode = mode
         self.bodies: list[dict] = []
+        self.flushes = 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,6 +50,11 @@ class FakeServer:
                     self._send(404, b"{}")
 
             def do_POST(self):
+                if self.path == "/reset_prefix_cache":  # a flush, as vLLM's dev mode serves it
+                    outer.flushes += 1
+                    return self._send(404 if outer.mode == "no_flush" else 200, b"{}")
+                if self.path != "/v1/completions":
+                    return self._send(404, b"{}")
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.bodies.append(body)
                 calls = len(outer.bodies)
@@ -60,7 +66,7 @@ class FakeServer:
                     time.sleep(3)
                 choice = {"index": 0, "finish_reason": "length", "text": "ab"}
                 usage = {"prompt_tokens": 3, "completion_tokens": 2}
-                if outer.mode in ("ids", "malformed", "http500", "slow"):
+                if outer.mode in ("ids", "malformed", "http500", "slow", "no_flush"):
                     choice.update(token_ids=[7, 8], logprobs={
                         "tokens": ["token_id:7", "token_id:8"],
                         "top_logprobs": [{"token_id:7": -0.1, "token_id:9": -2.0},
@@ -150,6 +156,26 @@ def test_salt_epoch_reset_gives_a_fresh_namespace(fake):
     a.reset()
     a.run([Request("q", (5,), 1)])
     assert srv.bodies[-1]["cache_salt"] != s1
+
+
+def test_an_attached_server_is_flushed_through_its_endpoint_where_it_serves_one(fake):
+    srv = fake("ids")  # FAKE server: reports cached tokens, serves POST /reset_prefix_cache
+    a = OpenAIHttpAdapter(base_url=srv.url)
+    assert a.reset_mode == "endpoint" and a.capabilities().reports_cached_tokens
+    before = srv.flushes
+    a.reset()
+    assert srv.flushes == before + 1
+
+
+def test_an_attached_server_that_reports_cached_tokens_but_cannot_be_flushed_is_refused(fake):
+    """Its reset() would flush nothing, and a correct server would fail `isolation` for a prefix it cached
+    before a reset (as `kvparity serve` attached by base_url= did). With salts, each reset starts a fresh one."""
+    srv = fake("no_flush")
+    with pytest.raises(UsageError, match="cannot flush them between examples.*VLLM_SERVER_DEV_MODE=1.*salt=true"):
+        OpenAIHttpAdapter(base_url=srv.url)
+    with pytest.raises(UsageError, match="cannot flush"):
+        OpenAIHttpAdapter(base_url=srv.url, reset="none")
+    assert OpenAIHttpAdapter(base_url=srv.url, salt="true").reset_mode == "salt"
 
 
 def test_text_mode_without_cached_tokens(fake):

@@ -64,6 +64,21 @@ def test_outputs_cached_counts_salts_and_reset(served):
     assert r1.timings["sent_s"] == 0.0 and r1.timings["sent_actual_s"] >= 0.0
 
 
+def test_a_server_attached_by_base_url_is_flushed_by_each_reset(served):
+    """Attached (base_url=) rather than started, the adapter finds the server's flush endpoint itself. It used
+    to flush nothing (reset=auto meant none without a salt), and a CI-profile run of this correct server
+    failed `isolation`: a prompt it had cached before a reset came back cached after it."""
+    attached = OpenAIHttpAdapter(base_url=served.http.base, stagger_ms="0")
+    try:
+        p = tuple(range(10, 80))
+        attached.run([Request("a", p, 4)])
+        attached.reset()
+        [again] = attached.run([Request("b", p, 4)])
+        assert attached.reset_mode == "endpoint" and again.cached_tokens == 0
+    finally:
+        attached.close()
+
+
 def test_text_prompts_logprobs_and_adapters(served):
     status, data = post(served, "/v1/completions", {"prompt": "def hello(", "max_tokens": 5, "logprobs": 2,
                                                     "return_token_ids": True, "return_tokens_as_token_ids": True})

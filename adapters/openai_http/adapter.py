@@ -54,7 +54,10 @@ Engine arguments (strings, parsed into the frozen `OpenAIHttpArgs`, adapters/ope
   adapters=                  comma list of served LoRA names (auto when serve=vllm and lora=true)
   lora=true                  serve=vllm: load the two shipped LoRA adapters
   reset=auto|endpoint|salt|none   how reset() flushes reusable KV: POST /reset_prefix_cache (vLLM dev mode),
-                             or an epoch nonce mixed into every cache_salt (a fresh KV namespace), or nothing
+                             or an epoch nonce mixed into every cache_salt (a fresh KV namespace), or nothing.
+                             auto: endpoint for serve=vllm|kvparity, salt where salts are sent, else (base_url=)
+                             the endpoint if the server answers it. A server that reports cached tokens and
+                             cannot be flushed is refused (its counts could not be judged across resets)
   spec=none|ngram|draft, k=3, max_num_batched_tokens=none   serve=vllm only, as for the vllm adapter
   block_size=32, timeout=120 (seconds per HTTP call), startup_timeout=600, tolerance=auto (1e-3; 0 with
                              serve=kvparity), gguf=, port=0
@@ -153,6 +156,7 @@ class OpenAIHttpAdapter:
                 self.adapters = args.adapters
             self.reset_mode = self._choose_reset(args.reset)
             self.reports_cached = self._probe_cached_tokens()
+            self._refuse_unflushable(base_url)
             self.version = self._server_version()
         except BaseException:
             self.close()
@@ -220,11 +224,34 @@ class OpenAIHttpAdapter:
         return "unknown"
 
     def _choose_reset(self, reset: str) -> str:
+        """How reset() flushes the server's reusable KV. auto: the endpoint on a server this adapter starts
+        (vLLM in dev mode, kvparity serve); else a fresh salt per reset where salts are sent; else, on a
+        server it attaches to (base_url=), the endpoint if POST /reset_prefix_cache answers (it flushes, as
+        every reset will); else nothing."""
         if reset != "auto":
             return reset
         if self.serve in ("vllm", "kvparity"):
             return "endpoint"
-        return "salt" if self.salt else "none"
+        if self.salt:
+            return "salt"
+        if not self.serve:
+            try:
+                self.http.call("POST", "/reset_prefix_cache", raw=True)
+                return "endpoint"
+            except EngineError:
+                pass
+        return "none"
+
+    def _refuse_unflushable(self, base_url: str) -> None:
+        """The contract's reset() flushes every reusable KV, and the cache checks judge each cached-token
+        count against the traffic since the last reset. A server that reports cached tokens but that this
+        adapter cannot flush would be called leaky for serving a prefix it cached before a reset (measured:
+        `kvparity serve` attached by base_url= failed `isolation` so): refused in one line instead."""
+        if self.reset_mode == "none" and self.reports_cached:
+            raise UsageError(f"{base_url} reports cached tokens, but reset={self.reset_mode} cannot flush them "
+                             f"between examples (POST /reset_prefix_cache is not served; no salt is sent): serve "
+                             f"that endpoint (vLLM: VLLM_SERVER_DEV_MODE=1), or pass salt=true if the server keeps "
+                             f"KV per cache_salt (each reset then starts a fresh salt)")
 
     def _probe_cached_tokens(self) -> bool:
         body = self._body([5, 6, 7], 1, (), None)
