@@ -79,6 +79,29 @@ def test_a_server_attached_by_base_url_is_flushed_by_each_reset(served):
         attached.close()
 
 
+@pytest.mark.slow  # ~40 s; CI proves the merge of shards with their own engine arguments both ways (test_merge)
+def test_a_campaign_runs_one_shard_per_replica(served, tmp_path, capsys, monkeypatch):
+    """A platform team's nightly campaign across the replicas it deploys: two `kvparity serve` servers, each
+    shard attached to its own (`--shard-engine-arg base_url=A,B`), merged into one verdict that names each
+    shard's replica."""
+    from kvparity import cli
+
+    second = OpenAIHttpAdapter(serve="kvparity", stagger_ms="0")
+    try:
+        monkeypatch.chdir(ROOT)
+        replicas = f"base_url={served.http.base},{second.http.base}"
+        code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine", "openai_http",
+                         "--engine-arg", "salt=true", "--shard-engine-arg", replicas, "--profile", "ci",
+                         "--max-examples", "3", "--no-shrink", "--database", str(tmp_path / "db")])
+    finally:
+        second.close()
+    printed = capsys.readouterr().out
+    merged = json.loads((tmp_path / "c" / "results.json").read_text())
+    assert code == 0 and merged["verdict"] == "pass", printed
+    assert [s["own_engine_args"] for s in merged["campaign"]["shards"]] == [
+        {"base_url": served.http.base}, {"base_url": second.http.base}]
+
+
 def test_text_prompts_logprobs_and_adapters(served):
     status, data = post(served, "/v1/completions", {"prompt": "def hello(", "max_tokens": 5, "logprobs": 2,
                                                     "return_token_ids": True, "return_tokens_as_token_ids": True})
