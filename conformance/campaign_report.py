@@ -25,6 +25,13 @@ def shard_of_example(example: int, ranges: Sequence[tuple[int, int, Any]]) -> st
     return next((str(run.shard) for first, last, run in ranges if first <= example < last), "?")
 
 
+def engine_args_of_example(example: int, ranges: Sequence[tuple[int, int, Any]]) -> dict[str, Any]:
+    """The engine arguments the shard that ran `example` ran with — its own (`--shard-engine-arg`: its
+    replica) among them, so its witness replays where it failed."""
+    return next((dict(run.history.meta.get("engine_args") or {}) for first, last, run in ranges
+                 if first <= example < last), {})
+
+
 def dedupe(findings: list[dict[str, Any]], ranges: Sequence[tuple[int, int, Any]],
            shards: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One finding per signature, in report order, with the shards that found it: the shard of each
@@ -77,7 +84,8 @@ def write_campaign(out_dir: Path, history: History, analysis: Analysis, campaign
                          for fd in results["findings"]]
     results["campaign"] = block
     clear_folder(out_dir, "witnesses")  # no earlier merge's witness beside this one
-    write_witnesses(out_dir, history, analysis, results["decoded"])
+    write_witnesses(out_dir, history, analysis, results["decoded"],
+                    engine_args=lambda example: engine_args_of_example(example, ranges))
     write_text(out_dir, "results.json", json.dumps(results, indent=1))
     blocks = report_blocks(results)
     at = next((k for k, b in enumerate(blocks) if isinstance(b, Heading) and b.level == 2), len(blocks))

@@ -50,7 +50,9 @@ def runs(tmp_path_factory):
             "undeclared-2": _shard(root, "undeclared-2", "2/2", engine="fake-replicas",
                                    engine_args={"replica": "b", "k": "1"}),
             "other-k-2": _shard(root, "other-k-2", "2/2", engine="fake-replicas",
-                                engine_args={"replica": "b", "k": "2"}, own=("replica",))}
+                                engine_args={"replica": "b", "k": "2"}, own=("replica",)),
+            "replica-leak-2": _shard(root, "replica-leak-2", "2/2", bug="salt_leak", engine="fake-replicas",
+                                     engine_args={"replica": "b", "k": "1"}, own=("replica",))}
 
 
 def _merge(capsys, out: Path, *dirs: Path) -> tuple[int, dict, str]:
@@ -115,6 +117,16 @@ def test_shards_that_differ_only_in_their_own_engine_arguments_are_one_campaign(
     assert merged["run"]["engine_args"] == {"k": "1"}
     assert [s["own_engine_args"] for s in merged["campaign"]["shards"]] == [{"replica": "a"}, {"replica": "b"}]
     assert "`replica=b`" in (tmp_path / "m" / "report.md").read_text()
+
+
+def test_a_merged_witness_names_the_replica_that_failed(runs, tmp_path, capsys):
+    """Its engine arguments are those of the shard that found it (its own among them), so `kvparity replay`
+    goes back to the replica that failed, not to the first shard's or to none."""
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["replica-1"], runs["replica-leak-2"])
+    assert code == 1 and merged["findings"], printed
+    witnesses = sorted((tmp_path / "m" / "witnesses").glob("*.json"))
+    assert witnesses and all(json.loads(w.read_text())["engine_args"] == {"replica": "b", "k": "1"}
+                             for w in witnesses)
 
 
 @pytest.mark.parametrize("second, says", [("undeclared-2", "engine arguments of its own"),

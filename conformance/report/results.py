@@ -39,16 +39,20 @@ def _witness_texts(w: Mapping[str, Any], texts: Mapping[str, str]) -> dict[str, 
 
 
 def write_witnesses(run_dir: Path, history: History, analysis: Analysis,
-                    texts: Mapping[str, str] | None = None, subfolder: str = "") -> dict[str, Path]:
+                    texts: Mapping[str, str] | None = None, subfolder: str = "",
+                    engine_args: Callable[[int], Mapping[str, Any]] | None = None) -> dict[str, Path]:
     """One JSON file per failure: the engine, its arguments, the failure, the resolved steps and, where
     the adapter could decode, the text of the outputs (so a reader needs no tokenizer). `subfolder`:
-    inside `run_dir` (a re-analysis), reached without following a symlink."""
+    inside `run_dir` (a re-analysis), reached without following a symlink. `engine_args`: the arguments
+    the engine of an example ran with, where they are not the run's alone (a campaign's shards each
+    drive their own replica: a witness replays on the one that failed)."""
     out: dict[str, Path] = {}
     examples = {ex.index: ex for ex in history.examples}
     for failure in analysis.failures:
         ex = examples.get(failure.example)
+        args = engine_args(failure.example) if engine_args else history.meta.get("engine_args", {})
         data = {"kvparity_witness": 1, "engine": history.meta.get("engine"),
-                "engine_args": history.meta.get("engine_args", {}), "check": failure.check,
+                "engine_args": args, "check": failure.check,
                 "failure": failure.to_json(), "steps": ex.steps() if ex else [],
                 "capabilities": encode(history.capabilities) if history.capabilities else None}
         decoded = _witness_texts(failure.witness, texts or {})
