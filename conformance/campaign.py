@@ -295,6 +295,8 @@ def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str =
     is missing from the merge), and the stop signal that cut the campaign short (None: none did)."""
     run_args = campaign_seed(run_args)
     dirs = [out / "shards" / str(i) for i in range(1, count + 1)]
+    for d in dirs:  # an earlier campaign's output in a folder used again is not this one's progress
+        (d / CONSOLE).unlink(missing_ok=True)
     argvs = [shard_argv(run_args, i, count, d, own[i - 1] if own else ()) for i, d in enumerate(dirs, start=1)]
     stopped = None
     if executor == "ray":

@@ -216,9 +216,11 @@ def test_a_campaign_into_a_used_folder_is_judged_on_its_own_shards_alone(tmp_pat
     common = ["campaign", "--shards", "2", "--out", str(out), "--profile", "ci", "--max-examples", "2",
               "--database", str(tmp_path / "db")]
     assert cli.main([*common, "--engine", "tests.fake_engine:FakeDictEngine"]) == 0
-    capsys.readouterr()
+    assert "shard 2/2: 2/2 examples" in capsys.readouterr().err
     code = cli.main([*common, "--engine", "tests.fake_engine:NoSuchEngine"])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "examples" not in captured.err, captured.err  # last night's progress is not echoed as tonight's
     merged = json.loads((out / "results.json").read_text())
     assert code == 3 and merged["verdict"] == "error" and merged["campaign"]["shards"] == [], printed
     assert all(any(f"shard {i}/2 left no run folder (exit 3)" in p and "NoSuchEngine" in p
