@@ -41,13 +41,13 @@ STOP_FILE = ".stop"  # written into a Ray shard's folder by its campaign when st
 
 
 def shard_argv(run_args: Sequence[str], index: int, count: int, report_dir: Path,
-               own: Sequence[str] = ()) -> list[str]:
-    """The command line of shard `index` of `count`; `own`: its own engine arguments (K=V)."""
+               own_args: Sequence[str] = ()) -> list[str]:
+    """The command line of shard `index` of `count`; `own_args`: its own engine arguments (K=V)."""
     return [sys.executable, "-m", "kvparity", "run", *run_args, "--shard", f"{index}/{count}",
-            *[a for kv in own for a in ("--shard-engine-arg", kv)], "--report-dir", str(report_dir)]
+            *[a for kv in own_args for a in ("--shard-engine-arg", kv)], "--report-dir", str(report_dir)]
 
 
-def own_engine_args(specs: Sequence[str], count: int) -> list[list[str]]:
+def per_shard_engine_args(specs: Sequence[str], count: int) -> list[list[str]]:
     """`--shard-engine-arg K=V1,...,Vn` (n = `count`) as each shard's own `K=Vi`: the replica each drives,
     say. A spec without exactly n values is a one-line usage error."""
     from conformance.contract import UsageError
@@ -289,15 +289,16 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
 
 def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str = "local", jobs: int | None = None,
                  num_cpus: float = 1, num_gpus: float = 0, address: str | None = None,
-                 own: Sequence[Sequence[str]] = ()) -> tuple[list[dict[str, Any]], list[Path], int | None]:
+                 per_shard: Sequence[Sequence[str]] = ()) -> tuple[list[dict[str, Any]], list[Path], int | None]:
     """Run `count` shards of `kvparity run RUN_ARGS` into `out/shards/<i>/`, shard i with its own engine
-    arguments `own[i - 1]` if given; each shard's outcome, the run folders they left (a shard that left none
+    arguments `per_shard[i - 1]` if given; each shard's outcome, the run folders they left (a shard that left none
     is missing from the merge), and the stop signal that cut the campaign short (None: none did)."""
     run_args = campaign_seed(run_args)
     dirs = [out / "shards" / str(i) for i in range(1, count + 1)]
     for d in dirs:  # an earlier campaign's output in a folder used again is not this one's progress
         (d / CONSOLE).unlink(missing_ok=True)
-    argvs = [shard_argv(run_args, i, count, d, own[i - 1] if own else ()) for i, d in enumerate(dirs, start=1)]
+    argvs = [shard_argv(run_args, i, count, d, per_shard[i - 1] if per_shard else ())
+             for i, d in enumerate(dirs, start=1)]
     stopped = None
     if executor == "ray":
         outcomes, stopped = run_ray(argvs, dirs, num_cpus, num_gpus, address)

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The campaign's own options; everything else is `kvparity run`'s, checked here by its parser."""
-    from conformance.campaign import check_ray_address, own_engine_args
+    from conformance.campaign import check_ray_address, per_shard_engine_args
     from conformance.engines import parse_engine_args
     from kvparity.commands.run import build_parser as run_parser
 
@@ -51,9 +51,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
             raise UsageError(f"{option} is set by the campaign for each shard; leave it out")
     if args.ray and find_spec("ray") is None:
         raise UsageError("--ray: ray is not installed (pip install 'kvparity[ray]')")
-    args.own = own_engine_args(args.shard_engine_arg, args.shards)
+    args.per_shard = per_shard_engine_args(args.shard_engine_arg, args.shards)
     run = run_parser().parse_args(rest)  # a bad run argument is refused before any shard starts
-    parse_engine_args([*run.engine_arg, *args.own[0]])  # so is a key given as both kinds
+    parse_engine_args([*run.engine_arg, *args.per_shard[0]])  # so is a key given as both kinds
     if args.ray:
         check_ray_address(args.ray_address)
     args.run_args = rest
@@ -67,7 +67,7 @@ def work(args: argparse.Namespace) -> int:
     out = Path(args.out)
     outcomes, run_dirs, stopped = run_campaign(args.run_args, args.shards, out, "ray" if args.ray else "local",
                                                args.jobs, args.shard_cpus, args.shard_gpus, args.ray_address,
-                                               args.own)
+                                               args.per_shard)
     left_none = []
     for i, o in enumerate(outcomes, start=1):
         last = (o["tail"].strip().splitlines() or ["(no output)"])[-1]
