@@ -28,3 +28,15 @@ def positive_seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds above 0")
     return value
+
+
+def resource_amount(text: str) -> float:
+    """How much of a resource (CPUs, GPUs) a task asks for: 0 or more, a fraction only below 1 (a share of
+    one device; Ray's own rule, which it raises deep inside a task's submission)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0 or (value > 1 and not value.is_integer()):
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more: a fraction below 1, or a whole number")
+    return value

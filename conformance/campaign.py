@@ -246,6 +246,18 @@ def check_ray_address(address: str | None) -> None:
         raise UsageError(f"the Ray cluster at {address} cannot be reached: {exc}") from None
 
 
+def refuse_infeasible(have: dict[str, float], num_cpus: float, num_gpus: float) -> None:
+    """A shard that asks the Ray runtime the campaign started on this machine for more than it has would
+    wait for it for ever (Ray keeps an infeasible task queued: measured, `--shard-gpus 1` here, no GPU):
+    one line instead. (A cluster's autoscaler may add what is missing, so a cluster is left to Ray.)"""
+    from conformance.contract import UsageError
+
+    for option, name, want in (("--shard-cpus", "CPU", num_cpus), ("--shard-gpus", "GPU", num_gpus)):
+        if want > have.get(name, 0):
+            raise UsageError(f"{option} {want:g}: the Ray runtime on this machine has {have.get(name, 0):g} "
+                             f"{name}(s), so no shard could ever start")
+
+
 def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpus: float, num_gpus: float,
             address: str | None = None) -> tuple[list[dict[str, Any]], int | None]:
     """The shards as Ray tasks, each asking for `num_cpus` and `num_gpus` (what its engine needs); and the
@@ -264,6 +276,8 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
             "_system_config": {"kill_child_processes_on_worker_exit": False}}
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **own)
     try:
+        if own:
+            refuse_infeasible(ray.cluster_resources(), num_cpus, num_gpus)
         task = ray.remote(run_shard).options(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=0)
         env, cwd = _env(), os.getcwd()
         for d in report_dirs:  # an earlier campaign's stop, in a folder used again, must not stop this one

@@ -87,3 +87,34 @@ def test_a_ray_address_that_takes_a_connection_or_is_rays_own_word_passes_the_ch
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         check_ray_address(form.format(port=listening.getsockname()[1]))  # raises UsageError if refused
+
+
+@pytest.mark.parametrize("option, value", [("--shard-gpus", "1.5"), ("--shard-gpus", "-1"), ("--shard-cpus", "nan"),
+                                           ("--shard-cpus", "inf")])
+def test_a_resource_ray_would_refuse_deep_inside_is_one_line_before_any_shard(option, value, tmp_path, capsys):
+    code = cli.main(["campaign", "--shards", "1", "--ray", option, value, "--out", str(tmp_path / "c"),
+                     *_run_args(tmp_path / "db")])
+    err = capsys.readouterr().err
+    assert code == 3 and len(err.strip().splitlines()) == 1 and option in err and "Traceback" not in err, err
+
+
+def test_a_shard_asking_more_than_this_machine_has_is_refused_not_queued_for_ever(tmp_path):
+    """Ray keeps an infeasible task queued for ever (`--shard-gpus 1` on a machine without a GPU hung the
+    campaign): on the runtime the campaign starts itself, it says so in one line. A subprocess with a
+    deadline, so the old behaviour fails instead of hanging the test run."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "kvparity", "campaign", "--shards", "1", "--ray", "--shard-cpus",
+                           "4096", "--out", str(tmp_path / "c"), *_run_args(tmp_path / "db")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 3 and "--shard-cpus 4096: the Ray runtime on this machine has" in proc.stderr, \
+        proc.stderr[-2000:]
+
+
+def test_what_a_runtime_has_bounds_what_a_shard_may_ask():
+    from conformance.campaign import refuse_infeasible
+    from conformance.contract import UsageError
+
+    refuse_infeasible({"CPU": 2.0, "GPU": 1.0}, 2, 1)  # all of it: feasible
+    with pytest.raises(UsageError, match="--shard-gpus 1: .* has 0 GPU"):
+        refuse_infeasible({"CPU": 2.0}, 1, 1)

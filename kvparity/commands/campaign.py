@@ -12,7 +12,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Sequence
 
-from conformance.arguments import positive_int
+from conformance.arguments import positive_int, resource_amount
 from conformance.contract import UsageError
 from kvparity.parsing import UsageParser, output_dir, run_command, summary
 
@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the shards as Ray tasks (pip install 'kvparity[ray]'); none: local processes")
     p.add_argument("--ray-address", default=None,
                    help="with --ray: the cluster to join (none: RAY_ADDRESS, else a local Ray runtime)")
-    p.add_argument("--shard-cpus", type=float, default=1.0, help="with --ray: CPUs each shard's task asks for")
-    p.add_argument("--shard-gpus", type=float, default=0.0,
+    p.add_argument("--shard-cpus", type=resource_amount, default=1.0, help="with --ray: CPUs each shard's task asks for")
+    p.add_argument("--shard-gpus", type=resource_amount, default=0.0,
                    help="with --ray: GPUs each shard's task asks for (1 for an engine on one GPU)")
     p.add_argument("--shard-engine-arg", action="append", default=[], metavar="K=V1,...,VN",
                    help="an engine argument each shard has its own value of, e.g. the replica it drives: "
