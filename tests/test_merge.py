@@ -17,7 +17,7 @@ from kvparity import cli
 
 
 def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: str = "fake",
-           shrink: bool = False, engine_args: dict | None = None, own: tuple = ()) -> Path:
+           shrink: bool = False, engine_args: dict | None = None, own: tuple = (), known: list | None = None) -> Path:
     from conformance.run_config import RunConfig
     from conformance.runner import run_suite
     from fake_engine import FakeDictEngine
@@ -26,15 +26,25 @@ def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: 
     run_dir.mkdir()
     config = RunConfig(engine_name=engine, profile="ci", run_dir=run_dir, database_dir=root / f"db-{name}",
                        max_examples=6, shrink=shrink, shard=parse_shard(shard, own) if shard else None,
-                       engine_args=engine_args or {})
+                       engine_args=engine_args or {}, known_findings=known)
     run_suite(FakeDictEngine(bug=bug), config)
     return run_dir
+
+
+def _known_entries(run_dir: Path) -> list[dict]:
+    """A known-findings baseline of everything a run found (what `kvparity report --write-known` writes)."""
+    return [{k: v for k, v in fd["signature"].items() if isinstance(v, str)} for fd in _results(run_dir)["findings"]]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("shards")
-    return {"1": _shard(root, "clean-1", "1/2"), "2": _shard(root, "clean-2", "2/2"),
+    leak = _shard(root, "leak-alone", None, bug="salt_leak")
+    known = {"known-1": _shard(root, "known-1", "1/2", bug="salt_leak", engine="fake-known",
+                               known=_known_entries(leak)),
+             "known-2": _shard(root, "known-2", "2/2", bug="salt_leak", engine="fake-known",
+                               known=_known_entries(leak))}
+    return {**known, "1": _shard(root, "clean-1", "1/2"), "2": _shard(root, "clean-2", "2/2"),
             "crash-2": _shard(root, "crash-2", "2/2", bug="crash"),
             "leak-1": _shard(root, "leak-1", "1/2", bug="salt_leak", engine="fake-leak"),
             "leak-2": _shard(root, "leak-2", "2/2", bug="salt_leak", engine="fake-leak"),
@@ -91,6 +101,17 @@ def test_findings_are_listed_once_across_shards_by_signature(runs, tmp_path, cap
     for f in merged["campaign"]["findings"]:
         if f["signature"] in both:
             assert f["shards"] == ["1/2", "2/2"]
+            assert f"(signature {f['signature']}; shards 1/2, 2/2): kvparity replay" in printed, printed
+    assert "FAIL [isolation]" in printed and "KNOWN [" not in printed
+
+
+def test_known_findings_merge_as_known_and_say_so(runs, tmp_path, capsys):
+    """Shards run with `--known` whose findings are all known: the campaign passes, and its console says
+    KNOWN where `kvparity run` would (it used to list them as plain "finding" lines under a PASS)."""
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["known-1"], runs["known-2"])
+    assert code == 0 and merged["verdict"] == "pass" and merged["findings"], printed
+    assert all(fd["known"] for fd in merged["findings"])
+    assert "KNOWN [isolation]" in printed and "FAIL [" not in printed, printed
 
 
 def test_examples_run_while_shrinking_are_counted_apart_as_each_shard_counts_them(runs, tmp_path, capsys):
