@@ -19,7 +19,7 @@ DEFAULT_MAX_SHRINK_SECONDS = 60.0  # `kvparity run`: a minute of shrinking, then
 def rerun_command(args: argparse.Namespace, seed: int | None) -> str:
     """`kvparity run ...` with the seed the run used (none for a derandomised profile: the same command)."""
     argv = ["kvparity", "run", "--engine", args.engine]
-    for pair in args.engine_arg:
+    for pair in [*args.engine_arg, *args.shard_engine_arg]:  # a shard's own (its replica) too: the rerun is no shard
         argv += ["--engine-arg", pair]
     argv += ["--profile", args.profile]
     if args.checks:

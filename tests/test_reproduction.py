@@ -142,6 +142,18 @@ def test_x_stops_at_the_first_failure():
     assert build_parser().parse_args(["--engine", "reference"]).max_shrink_seconds == 60.0
 
 
+def test_a_shards_rerun_goes_to_the_replica_it_drove():
+    """A shard's reproduce line drops --shard (its seed is its own) and so must keep the engine arguments
+    that were the shard's own (`--shard-engine-arg`: its replica), as plain engine arguments."""
+    from conformance.reproduce import rerun_command
+    from kvparity.commands.run import build_parser
+
+    args = build_parser().parse_args(["--engine", "openai_http", "--engine-arg", "salt=true", "--shard", "2/2",
+                                      "--shard-engine-arg", "base_url=http://127.0.0.1:8102"])
+    line = rerun_command(args, 150843317)
+    assert "--engine-arg salt=true --engine-arg base_url=http://127.0.0.1:8102" in line and "--shard" not in line
+
+
 @pytest.fixture
 def adapter_folder(tmp_path, monkeypatch):
     """The FAKE third-party adapter module on a folder of its own (not the kvparity checkout)."""
