@@ -317,5 +317,5 @@ def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str =
     if executor == "ray":
         outcomes, stopped = run_ray(argvs, dirs, num_cpus, num_gpus, address)
     else:
-        outcomes, stopped = run_local(argvs, dirs, jobs or count)
+        outcomes, stopped = run_local(argvs, dirs, jobs or min(count, os.cpu_count() or 1))
     return outcomes, [Path(o["run_dir"]) for o in outcomes if o["run_dir"]], stopped

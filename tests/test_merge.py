@@ -290,6 +290,19 @@ def test_a_shards_own_engine_arguments_are_checked_before_any_engine(argv, says,
     assert not (tmp_path / "c").exists() and not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("jobs, cpus, expected", [(None, 2, 2), (None, 8, 5), (3, 2, 3)])
+def test_a_local_campaign_runs_as_many_shards_at_once_as_there_are_cpus(jobs, cpus, expected, tmp_path, monkeypatch):
+    """Unless told (--jobs): 5 shards on 2 cores run 2 at a time (each shard's engine takes a core; all 5 at
+    once only share them, with 5 engines' memory). The executor is a FAKE that records what it was asked."""
+    from conformance import campaign
+
+    asked = []
+    monkeypatch.setattr(campaign.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(campaign, "run_local", lambda argvs, dirs, at_once: (asked.append(at_once), ([], None))[1])
+    campaign.run_campaign(["--engine", "reference", "--profile", "ci"], 5, tmp_path, jobs=jobs)
+    assert asked == [expected]
+
+
 @pytest.mark.parametrize("extra, says", [(["--shard", "1/2"], "--shard is set by the campaign"),
                                          (["--report-dir", "x"], "--report-dir is set by the campaign"),
                                          (["--bogus"], "unrecognized arguments")])

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an engine argument each shard has its own value of, e.g. the replica it drives: "
                         "base_url=http://127.0.0.1:8001,http://127.0.0.1:8002 (one value per shard)")
     p.add_argument("--jobs", type=positive_int, default=None,
-                   help="without --ray: shards run at once (none: all of them)")
+                   help="without --ray: shards run at once (none: as many as this machine has CPUs, at most "
+                        "all of them; each shard's engine takes a core, and more at once only share them)")
     return p
 
 
