@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the shards as Ray tasks (pip install 'kvparity[ray]'); none: local processes")
     p.add_argument("--ray-address", default=None,
                    help="with --ray: the cluster to join (none: RAY_ADDRESS, else a local Ray runtime)")
-    p.add_argument("--shard-cpus", type=resource_amount, default=1.0, help="with --ray: CPUs each shard's task asks for")
+    p.add_argument("--shard-cpus", type=resource_amount, default=1.0,
+                   help="with --ray: CPUs each shard's task asks for")
     p.add_argument("--shard-gpus", type=resource_amount, default=0.0,
                    help="with --ray: GPUs each shard's task asks for (1 for an engine on one GPU)")
     p.add_argument("--shard-engine-arg", action="append", default=[], metavar="K=V1,...,VN",
