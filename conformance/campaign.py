@@ -267,7 +267,7 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
     waits for the tasks to end, as a local campaign waits for its processes."""
     import ray
 
-    started = not ray.is_initialized()
+    started, own = not ray.is_initialized(), {}
     if started:
         # A runtime of our own: a worker whose driver died must not SIGKILL its shard (Ray kills a worker's
         # direct children when it exits); the shard's parent-death SIGTERM ends its run with a report
@@ -295,10 +295,23 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
                         (d / STOP_FILE).write_text("")
                     told = True
             echo()
-            return ray.get(refs), signals.first
+            return [task_outcome(ref) for ref in refs], signals.first
     finally:
         if started:
             ray.shutdown()
+
+
+def task_outcome(ref: Any) -> dict[str, Any]:
+    """A Ray task's outcome; one that failed in Ray (its worker died, or `run_shard` raised: a report folder
+    it cannot make on its node) is a shard that left no run folder, with the reason — the campaign still
+    merges the others, and says error, instead of losing them all in a traceback."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayError as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        return {"exit": None, "run_dir": None, "tail": f"the Ray task failed: {lines[-1] if lines else exc!r}"}
 
 
 def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str = "local", jobs: int | None = None,

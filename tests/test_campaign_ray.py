@@ -118,3 +118,20 @@ def test_what_a_runtime_has_bounds_what_a_shard_may_ask():
     refuse_infeasible({"CPU": 2.0, "GPU": 1.0}, 2, 1)  # all of it: feasible
     with pytest.raises(UsageError, match="--shard-gpus 1: .* has 0 GPU"):
         refuse_infeasible({"CPU": 2.0}, 1, 1)
+
+
+def test_a_ray_task_that_fails_is_a_shard_without_a_run_folder_not_a_lost_campaign():
+    """`run_shard` raising on its node (here: a report folder it cannot make) used to reach the campaign as
+    ray.get's exception — every shard's outcome lost, no merged report. And a Ray runtime the caller had
+    already started (a program driving campaigns in-process) met a NameError first."""
+    import ray
+
+    from conformance.campaign import run_ray
+
+    ray.init(include_dashboard=False, log_to_driver=False)
+    try:
+        [outcome], stopped = run_ray([[sys.executable, "-c", "pass"]], [Path("/proc/kvparity-shard")], 1, 0)
+    finally:
+        ray.shutdown()
+    assert stopped is None and outcome["run_dir"] is None and outcome["tail"].startswith("the Ray task failed:")
+    assert "kvparity-shard" in outcome["tail"], outcome["tail"]
