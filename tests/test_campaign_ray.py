@@ -122,8 +122,8 @@ def test_what_a_runtime_has_bounds_what_a_shard_may_ask():
 
 def test_a_ray_task_that_fails_is_a_shard_without_a_run_folder_not_a_lost_campaign():
     """`run_shard` raising on its node (here: a report folder it cannot make) used to reach the campaign as
-    ray.get's exception — every shard's outcome lost, no merged report. And a Ray runtime the caller had
-    already started (a program driving campaigns in-process) met a NameError first."""
+    ray.get's exception — every shard's outcome lost, no merged report. On a Ray runtime the caller started
+    (a program driving campaigns in-process), which the campaign uses as it is."""
     import ray
 
     from conformance.campaign import run_ray
