@@ -102,13 +102,19 @@ def ended(proc: subprocess.Popen, folder: Path, before: set[Path]) -> dict[str, 
     the same --out) holds earlier campaigns' runs: a shard that made none this time is missing from the
     merge, never stood in for by an older run of the same shard."""
     made = sorted(run_folders(folder) - before)
-    return {"exit": proc.returncode, "run_dir": str(made[-1]) if made else None,
-            "tail": (folder / CONSOLE).read_text(encoding="utf-8", errors="replace")[-TAIL_CHARS:]}
+    return outcome(proc.returncode, str(made[-1]) if made else None,
+                   (folder / CONSOLE).read_text(encoding="utf-8", errors="replace"))
 
 
 def not_started() -> dict[str, Any]:
     """The outcome of a shard the campaign did not start (it was stopped first): no run folder."""
-    return {"exit": None, "run_dir": None, "tail": NOT_STARTED}
+    return outcome(None, None, NOT_STARTED)
+
+
+def outcome(code: int | None, run_dir: str | None, output: str) -> dict[str, Any]:
+    """A shard's outcome, however it ended: its exit code (None: it never ran to one), the run folder it made
+    (None: missing from the merge) and the tail of its output."""
+    return {"exit": code, "run_dir": run_dir, "tail": output[-TAIL_CHARS:]}
 
 
 def campaign_seed(run_args: Sequence[str]) -> list[str]:
@@ -280,8 +286,6 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
             refuse_infeasible(ray.cluster_resources(), num_cpus, num_gpus)
         task = ray.remote(run_shard).options(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=0)
         env, cwd = _env(), os.getcwd()
-        for d in report_dirs:  # an earlier campaign's stop, in a folder used again, must not stop this one
-            (d / STOP_FILE).unlink(missing_ok=True)
         refs = [task.remote(list(argv), str(d), cwd, env) for argv, d in zip(argvs, report_dirs)]
         echo = ProgressEcho(report_dirs)
         with _stop_signals() as signals:
@@ -311,7 +315,7 @@ def task_outcome(ref: Any) -> dict[str, Any]:
         return ray.get(ref)
     except ray.exceptions.RayError as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
-        return {"exit": None, "run_dir": None, "tail": f"the Ray task failed: {lines[-1] if lines else exc!r}"}
+        return outcome(None, None, f"the Ray task failed: {lines[-1] if lines else exc!r}")
 
 
 def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str = "local", jobs: int | None = None,
@@ -322,11 +326,11 @@ def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str =
     is missing from the merge), and the stop signal that cut the campaign short (None: none did)."""
     run_args = campaign_seed(run_args)
     dirs = [out / "shards" / str(i) for i in range(1, count + 1)]
-    for d in dirs:  # an earlier campaign's output in a folder used again is not this one's progress
+    for d in dirs:  # a folder used again: an earlier campaign's output is not this one's, nor its stop
         (d / CONSOLE).unlink(missing_ok=True)
+        (d / STOP_FILE).unlink(missing_ok=True)
     argvs = [shard_argv(run_args, i, count, d, per_shard[i - 1] if per_shard else ())
              for i, d in enumerate(dirs, start=1)]
-    stopped = None
     if executor == "ray":
         outcomes, stopped = run_ray(argvs, dirs, num_cpus, num_gpus, address)
     else:

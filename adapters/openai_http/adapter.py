@@ -383,7 +383,7 @@ class OpenAIHttpAdapter:
         if not self.salt:
             return None
         if self.reset_mode == "salt":
-            return wire_salt(f"kvp{self.namespace}.{self.epoch}-{salt or ''}")
+            salt = f"kvp{self.namespace}.{self.epoch}-{salt or ''}"
         return None if salt is None else wire_salt(salt)
 
     def _body(self, prompt: Sequence[int], max_tokens: int, stop_ids: Sequence[int], ident) -> dict[str, Any]:
