@@ -101,7 +101,7 @@ def test_findings_are_listed_once_across_shards_by_signature(runs, tmp_path, cap
     for f in merged["campaign"]["findings"]:
         if f["signature"] in both:
             assert f["shards"] == ["1/2", "2/2"]
-            assert f"(signature {f['signature']}; shards 1/2, 2/2): kvparity replay" in printed, printed
+            assert f"; signature {f['signature']}; shards 1/2, 2/2): kvparity replay" in printed, printed
     assert "FAIL [isolation]" in printed and "KNOWN [" not in printed
 
 

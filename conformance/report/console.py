@@ -1,5 +1,5 @@
-"""The console's view of a report: what `kvparity run` and `kvparity replay` print when the files are
-written — one line per check, per engine error and per finding, each finding with its replay command."""
+"""The console's view of a report: what `kvparity run`, `kvparity replay` and `kvparity merge` print when the
+files are written — one line per check, per engine error and per finding, each finding with its replay command."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def print_summary(analysis: Analysis, run_dir: Path, engine: str | None = None) 
         also = f"; also seen by {', '.join(fd['also_seen_by'])}" if fd.get("also_seen_by") else ""
         times = f"; x{fd['count']}" if fd.get("count", 1) > 1 else ""
         sig = (fd.get("signature") or {}).get("signature")
+        shards = f"; shards {', '.join(fd['shards'])}" if fd.get("shards") else ""  # a campaign's (`kvparity merge`)
         print(f"{'KNOWN' if fd.get('known') else 'FAIL'} [{fd['check']}] {fd['title']} ({fd['case_id']}{also}{times}"
-              f"{f'; signature {sig}' if sig else ''}): "
+              f"{f'; signature {sig}' if sig else ''}{shards}): "
               f"{replay_command(run_dir / 'witnesses' / (fd['case_id'] + '.json'), engine)}")
     print_fixed(analysis)

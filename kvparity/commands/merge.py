@@ -39,8 +39,7 @@ def merge_into(out: Path, run_dirs: Sequence[Path], problems: Sequence[str] = ()
     from conformance.campaign_merge import merge
     from conformance.campaign_report import write_campaign
     from conformance.contract import UsageError
-    from conformance.report.console import print_fixed
-    from conformance.report.results import replay_command
+    from conformance.report.console import print_summary
 
     history, analysis, campaign = merge(run_dirs)
     analysis.errors[:0] = problems
@@ -50,16 +49,7 @@ def merge_into(out: Path, run_dirs: Sequence[Path], problems: Sequence[str] = ()
         results = write_campaign(out, history, analysis, campaign)
     except OSError as exc:
         raise UsageError(f"cannot write the merged report in {out}: {exc}") from None
-    for name in analysis.checks:
-        print(f"{name:22s} {analysis.status(name)}")
-    for e in analysis.errors:
-        print(f"ERROR: {e}")
-    for fd in results["findings"]:  # as `kvparity run` prints its own: KNOWN ones (`--known`) say so
-        witness = out / "witnesses" / f"{fd['case_id']}.json"
-        print(f"{'KNOWN' if fd.get('known') else 'FAIL'} [{fd['check']}] {fd['title']} (signature "
-              f"{fd['signature']['signature']}; shards {', '.join(fd['shards'])}): "
-              f"{replay_command(witness, history.meta.get('engine'))}")
-    print_fixed(analysis)
+    print_summary(analysis, out, history.meta.get("engine"))  # as `kvparity run` prints its own, with the shards
     given = len(results["campaign"]["shards"])
     steps = results["shrink_steps"]
     print(f"{analysis.verdict.upper()}: {given} of {campaign['count'] or '?'} shard(s), {results['examples']} examples"
