@@ -65,10 +65,10 @@ def test_outputs_cached_counts_salts_and_reset(served):
 
 
 def test_a_server_attached_by_base_url_is_flushed_by_each_reset(served):
-    """Attached (base_url=) rather than started, the adapter finds the server's flush endpoint itself. It used
-    to flush nothing (reset=auto meant none without a salt), and a CI-profile run of this correct server
-    failed `isolation`: a prompt it had cached before a reset came back cached after it."""
-    attached = OpenAIHttpAdapter(base_url=served.http.base, stagger_ms="0")
+    """Attached (base_url=) rather than started, and not salted, the adapter finds the server's flush endpoint
+    itself. It used to flush nothing (reset=auto meant none without a salt), and a CI-profile run of this
+    correct server failed `isolation`: a prompt it had cached before a reset came back cached after it."""
+    attached = OpenAIHttpAdapter(base_url=served.http.base, stagger_ms="0", salt="false")
     try:
         p = tuple(range(10, 80))
         attached.run([Request("a", p, 4)])
@@ -77,6 +77,37 @@ def test_a_server_attached_by_base_url_is_flushed_by_each_reset(served):
         assert attached.reset_mode == "endpoint" and again.cached_tokens == 0
     finally:
         attached.close()
+
+
+def test_two_runs_attached_to_one_server_neither_share_nor_flush_each_other_s_kv(served):
+    """Two shards of a campaign (or two developers) on one server. Flushed through its endpoint, each
+    shard's reset emptied the other's cache and each met the other's prompts cached: two shards at once on
+    this correct server FAILED `isolation` and `exercised`. With salt=auto the adapter sees that the server
+    keeps KV per cache_salt and salts every request in a namespace of its own."""
+    first, second = (OpenAIHttpAdapter(base_url=served.http.base, stagger_ms="0") for _ in range(2))
+    try:
+        assert (first.reset_mode, second.reset_mode) == ("salt", "salt") and "salt" in first.capabilities().identities
+        p = tuple(range(10, 80))
+        first.run([Request("a", p, 4)])
+        [other] = second.run([Request("b", p, 4)])
+        second.reset()
+        [again] = first.run([Request("c", p, 4)])
+        assert (other.cached_tokens, again.cached_tokens) == (0, 64)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_server_that_serves_one_salt_s_kv_to_another_is_not_salted_and_is_named(served, capsys):
+    """The other way round: `--cache-scope global` takes cache_salt and shares KV across salts. Salted, a
+    correct-but-unsalted server would be judged on a claim it never made; it is flushed instead, with a line."""
+    leaky = OpenAIHttpAdapter(serve="kvparity", scope="global", stagger_ms="0")
+    try:
+        attached = OpenAIHttpAdapter(base_url=leaky.http.base, stagger_ms="0")
+        assert (attached.salt, attached.reset_mode) == (False, "endpoint")
+        assert "takes cache_salt but served one salt's cached KV to another" in capsys.readouterr().err
+    finally:
+        leaky.close()
 
 
 @pytest.mark.slow  # ~40 s; CI proves the merge of shards with their own engine arguments both ways (test_merge)
@@ -100,6 +131,20 @@ def test_a_campaign_runs_one_shard_per_replica(served, tmp_path, capsys, monkeyp
     assert code == 0 and merged["verdict"] == "pass", printed
     assert [s["own_engine_args"] for s in merged["campaign"]["shards"]] == [
         {"base_url": served.http.base}, {"base_url": second.http.base}]
+
+
+@pytest.mark.slow  # ~40 s; CI proves the salting both ways above
+def test_a_campaign_of_two_shards_at_once_on_one_server_passes(served, tmp_path, capsys, monkeypatch):
+    """Two shards at once against one server, unsalted by the user: FAILED `isolation` and `exercised` on this
+    correct server while each shard flushed it through its endpoint."""
+    from kvparity import cli
+
+    monkeypatch.chdir(ROOT)
+    code = cli.main(["campaign", "--shards", "2", "--jobs", "2", "--out", str(tmp_path / "c"), "--engine",
+                     "openai_http", "--engine-arg", f"base_url={served.http.base}", "--profile", "ci",
+                     "--max-examples", "15", "--no-shrink", "--database", str(tmp_path / "db")])
+    printed = capsys.readouterr().out
+    assert code == 0 and json.loads((tmp_path / "c" / "results.json").read_text())["verdict"] == "pass", printed
 
 
 def test_text_prompts_logprobs_and_adapters(served):

@@ -50,14 +50,18 @@ Engine arguments (strings, parsed into the frozen `OpenAIHttpArgs`, adapters/ope
                              else from `token_id:N` logprob tokens, else the output *text* re-encoded
                              (extra["output_from_text"]: not token-exact; a divergence there may be a
                              tokenizer round-trip, say so in reports).
-  salt=auto|true|false       send `cache_salt` (auto: true when serve=vllm)
+  salt=auto|true|false       send `cache_salt` (auto: true when serve=vllm|kvparity; attached by base_url=, true
+                             where the server is seen to keep KV per salt: then every request is salted in a
+                             namespace of this adapter's own, so other clients of the server, a campaign's
+                             other shards included, neither share its KV nor flush it)
   adapters=                  comma list of served LoRA names (auto when serve=vllm and lora=true)
   lora=true                  serve=vllm: load the two shipped LoRA adapters
   reset=auto|endpoint|salt|none   how reset() flushes reusable KV: POST /reset_prefix_cache (vLLM dev mode),
                              or an epoch nonce mixed into every cache_salt (a fresh KV namespace, never one an
                              earlier run or another adapter used: a server outlives a run), or nothing.
                              auto: endpoint for serve=vllm|kvparity, salt where salts are sent, else (base_url=)
-                             the endpoint if the server answers it. A server that reports cached tokens and
+                             the endpoint if the server answers it (a flush of the whole server: one kvparity
+                             run at a time on it). A server that reports cached tokens and
                              cannot be flushed is refused (its counts could not be judged across resets)
   spec=none|ngram|draft, k=3, max_num_batched_tokens=none   serve=vllm only, as for the vllm adapter
   block_size=32, timeout=120 (seconds per HTTP call), startup_timeout=600, tolerance=auto (1e-3; 0 with
@@ -89,6 +93,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+import sys
 import threading
 import time
 from pathlib import Path
@@ -159,8 +164,10 @@ class OpenAIHttpAdapter:
                 self.adapters = self.loras if self.lora or self.serve == "kvparity" else ()
             else:
                 self.adapters = args.adapters
-            self.reset_mode = self._choose_reset(args.reset)
             self.reports_cached = self._probe_cached_tokens()
+            if args.salt is None and not self.serve and self.reports_cached:
+                self.salt = self._keeps_kv_per_salt(base_url)
+            self.reset_mode = self._choose_reset(args.reset)
             self._refuse_unflushable(base_url)
             self.version = self._server_version()
         except BaseException:
@@ -257,6 +264,36 @@ class OpenAIHttpAdapter:
                              f"between examples (POST /reset_prefix_cache is not served; no salt is sent): serve "
                              f"that endpoint (vLLM: VLLM_SERVER_DEV_MODE=1), or pass salt=true if the server keeps "
                              f"KV per cache_salt (each reset then starts a fresh salt)")
+
+    def _keeps_kv_per_salt(self, base_url: str) -> bool:
+        """salt=auto on a server attached by base_url=: whether it keeps KV per `cache_salt`, seen rather than
+        assumed. One prompt of a few blocks goes under a salt twice, then under another: kept per salt when the
+        repeat reports cached tokens and the other salt none. Then every request is salted (reset=salt, in a
+        namespace of this instance's own), so two runs on one server — a campaign's shards, two developers'
+        runs, other clients — never meet each other's KV nor flush it (measured: two shards at once on one
+        `kvparity serve`, flushed through its endpoint, FAILED `isolation` and `exercised` on that correct
+        server). A server that refuses the field, shows no hit, or serves one salt's KV to another is not
+        salted; the last is said in one line (salt=true would judge it: an isolation finding)."""
+        n = max(2, min(4 * self.block_size + 1, self.max_context - 8))
+        prompt = [4 + (7 * i) % 40 for i in range(n)]
+
+        def cached(tag: str) -> int | None:
+            body = {**self._body(prompt, 1, (), None), "cache_salt": wire_salt(f"kvp{self.namespace}.probe-{tag}")}
+            details = (self.http.call("POST", "/v1/completions", body).get("usage") or {}).get(
+                "prompt_tokens_details") or {}
+            return details.get("cached_tokens") if isinstance(details, dict) else None
+
+        try:
+            cached("a")
+            again, other = cached("a"), cached("b")
+        except (EngineError, AttributeError):
+            return False
+        if not isinstance(again, int) or not isinstance(other, int) or again <= 0:
+            return False
+        if other > 0:
+            print(f"kvparity: {base_url} takes cache_salt but served one salt's cached KV to another ({other} "
+                  f"tokens): salts are not sent (salt=true judges that as an isolation finding)", file=sys.stderr)
+        return other == 0
 
     def _probe_cached_tokens(self) -> bool:
         body = self._body([5, 6, 7], 1, (), None)
