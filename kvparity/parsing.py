@@ -37,29 +37,44 @@ class UsageParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class BadPath(UsageError, argparse.ArgumentTypeError):
+    """A path that cannot be used. An ArgumentTypeError too, so that argparse, calling a check below as an
+    argument's type, says why ("--out: /etc/passwd exists and is not a directory") where it said only
+    "invalid output_dir value"; called directly, it is a UsageError like any other."""
+
+
 def _check_creatable(path: Path) -> None:
     """`path` exists and is writable, or its nearest existing ancestor is a writable directory."""
     existing = next(a for a in (path.absolute(), *path.absolute().parents) if a.exists())
     if existing != path.absolute() and not existing.is_dir():
-        raise UsageError(f"cannot create {path}: {existing} is not a directory")
+        raise BadPath(f"cannot create {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | (os.X_OK if existing.is_dir() else 0)):
-        raise UsageError(f"cannot write {path}: {existing} is not writable")
+        raise BadPath(f"cannot write {path}: {existing} is not writable")
+
+
+def named(text: str) -> str:
+    """A path or address that is not empty. `Path("")` is the current folder: `--out $DIR` with DIR unset
+    wrote a campaign's merged report into whatever folder it ran in, and `--database ""` fell back to the
+    local folder, so a shard shared none of its failures with the others (exit 0 both)."""
+    if not str(text).strip():
+        raise BadPath("an empty path or address (an unset variable?): name it")
+    return text
 
 
 def output_file(path: str | os.PathLike) -> Path:
     """An output file that can be written; checked before the work whose result it holds."""
-    p = Path(path)
+    p = Path(named(path))
     if p.is_dir():
-        raise UsageError(f"{p} is a directory; give the report's file name")
+        raise BadPath(f"{p} is a directory; give the report's file name")
     _check_creatable(p)
     return p
 
 
 def output_dir(path: str | os.PathLike) -> Path:
     """An output directory that exists or can be made; checked before the work that fills it."""
-    p = Path(path)
+    p = Path(named(path))
     if p.exists() and not p.is_dir():
-        raise UsageError(f"{p} exists and is not a directory")
+        raise BadPath(f"{p} exists and is not a directory")
     _check_creatable(p)
     return p
 

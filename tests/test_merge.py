@@ -319,3 +319,27 @@ def test_an_out_folder_that_cannot_be_made_is_one_line_and_exit_3(runs, capsys):
     captured = capsys.readouterr()
     assert code == 3 and len(captured.err.strip().splitlines()) == 1, captured.err
     assert "Traceback" not in captured.err + captured.out
+
+
+@pytest.mark.parametrize("argv", [
+    ["merge", "RUN1", "RUN2", "--out", ""],
+    ["campaign", "--shards", "2", "--out", "", "--engine", "reference"],
+    ["run", "--engine", "reference", "--database", ""],
+    ["run", "--engine", "reference", "--known", ""],
+    ["run", "--engine", "reference", "--report-dir", ""]])
+def test_an_empty_path_or_store_is_one_line_and_exit_3(argv, runs, tmp_path, capsys, monkeypatch):
+    """`--out $DIR` with DIR unset wrote the merged report into whatever folder the command ran in, and
+    `--database ""` fell back to the local folder: a shard shared no failure with the others (exit 0 both)."""
+    monkeypatch.chdir(tmp_path)
+    argv = [str(runs[a[-1]]) if a in ("RUN1", "RUN2") else a for a in argv]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 3 and "an empty path or address" in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_out_folder_says_why(runs, tmp_path, capsys):
+    """argparse had put "invalid output_dir value" in place of the reason."""
+    (tmp_path / "file").write_text("")
+    assert cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", str(tmp_path / "file")]) == 3
+    assert "exists and is not a directory" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from conformance.engine_lifecycle import Session, build_engine, close_engine
 from conformance.exit_codes import ExitCode
 from conformance.reproduce import DEFAULT_MAX_SHRINK_SECONDS, seed_line
 from conformance.step_counts import table
-from kvparity.parsing import UsageParser, run_command, summary
+from kvparity.parsing import UsageParser, named, run_command, summary
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", default="dev", choices=list(PROFILES),
                      help="Hypothesis profile: dev 12 examples, ci 100 (derandomized), nightly 1000")
     run.add_argument("--checks", default="", help="comma-separated check names (empty: all)")
-    run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR,
+    run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, type=named,
                      help="where run folders go (the default is git-ignored; reports/ is for committed results)")
     run.add_argument("--seed", type=int, default=None,
                      help="Hypothesis seed (none: one is drawn and printed; the ci profile is derandomised)")
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "run reports (as pytest -x)")
     run.add_argument("--max-shrink-seconds", type=positive_seconds, default=DEFAULT_MAX_SHRINK_SECONDS,
                      help="stop shrinking a failure after this many seconds; the witness so far is reported")
-    run.add_argument("--calibration", default=None, metavar="FILE",
+    run.add_argument("--calibration", default=None, type=named, metavar="FILE",
                      help="a `kvparity calibrate` file: its measured tau replaces the adapter's declared one, and "
                           "features are flagged against its plain near-tie rate (none: the declared tau)")
     run.add_argument("-q", "--quiet", action="store_true",
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--minimise", action="store_true",
                      help="after the run, minimise one witness per failed check on fresh engines (<case>.min.json); "
                           "each replay builds an engine, so this is for engines that start fast")
-    run.add_argument("--known", default=None, metavar="FILE",
+    run.add_argument("--known", default=None, type=named, metavar="FILE",
                      help="known-findings file (`kvparity report RUN_DIR --write-known FILE`): failures with its "
                           "signatures are reported as known and do not fail the run; the run goes on looking")
     run.add_argument("--strict-known", action="store_true",
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard-engine-arg", action="append", default=[], metavar="K=V",
                      help="with --shard: an engine argument that is this shard's own, e.g. the replica it drives "
                           "(base_url=...); `kvparity merge` lets a campaign's shards differ in these keys alone")
-    run.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT/N",
+    run.add_argument("--database", default=None, type=named, metavar="DIR|redis://HOST:PORT/N",
                      help="Hypothesis' example database (failures are replayed first): a folder, or a Redis on this "
                           "machine shared by a campaign's shards (needs kvparity[campaign]; loopback hosts only) "
                           "(none: .hypothesis/ here)")
