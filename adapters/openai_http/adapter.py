@@ -291,8 +291,9 @@ class OpenAIHttpAdapter:
         if not isinstance(again, int) or not isinstance(other, int) or again <= 0:
             return False
         if other > 0:
-            print(f"kvparity: {base_url} takes cache_salt but served one salt's cached KV to another ({other} "
-                  f"tokens): salts are not sent (salt=true judges that as an isolation finding)", file=sys.stderr)
+            print(f"kvparity: {base_url} answers requests that carry a cache_salt, yet served one salt's cached KV "
+                  f"to another ({other} tokens): not salted (if it implements cache_salt, that is a leak: salt=true "
+                  f"judges it as an isolation finding)", file=sys.stderr)
         return other == 0
 
     def _probe_cached_tokens(self) -> bool:
