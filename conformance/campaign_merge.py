@@ -136,7 +136,7 @@ def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int,
             if kind in ("run_end", "completion", "interrupted") or (kind == "run_start" and k > 0):
                 continue
             if kind == "example":
-                ev = {**ev, "index": first + int(ev.get("index", 0))}
+                ev = renumbered(ev, first)
             builder.feed(ev)
         h = builder.history
         h.errors[errors_before:] = [f"{run.name}: {e}" for e in h.errors[errors_before:]]
@@ -152,6 +152,18 @@ def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int,
     h.ended = {"event": "run_end", "examples": len(h.examples), "shrink_steps": sum(map(shrink_steps, usable)),
                "duration_s": round(duration, 3)}
     return h, ranges
+
+
+def renumbered(example: dict[str, Any], first: int) -> dict[str, Any]:
+    """A shard's `example` event as example `first` + its own index of the campaign, with the examples its
+    probes re-send (`alone`, `kin`, `rebatch`: conformance.alone) moved with it. They had kept the shard's
+    own numbers and so pointed into shard 1's examples: a campaign of two vLLM shards lost the probes'
+    "another identity in its batch", and the known LoRA finding each shard waived failed the merge under
+    the signature of every scheduling bug."""
+    moved = {k: [[first + p[0], p[1]] if isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
+                 and not isinstance(p[0], bool) else p for p in example[k]]
+             for k in ("alone", "kin", "rebatch") if isinstance(example.get(k), list)}
+    return {**example, **moved, "index": first + int(example.get("index", 0))}
 
 
 def shrink_steps(run: ShardRun) -> int:

