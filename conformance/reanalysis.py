@@ -46,6 +46,17 @@ class Verified:
     problems: list[str]
 
 
+def _merged_report(folder: Path) -> bool:
+    """Whether `folder` holds the results.json `kvparity merge` writes (it has no history of its own)."""
+    from conformance.untrusted import read_json
+
+    try:
+        results = read_json(folder / "results.json", "results.json")
+    except (OSError, ValueError):  # UsageError (too big, too deep, not JSON) is a ValueError
+        return False
+    return isinstance(results, dict) and isinstance(results.get("campaign"), dict)
+
+
 def read_verified(run_dir: Path) -> Verified:
     """The run's history, verified and matched against the verdict written from it; a one-line
     UsageError if it is missing, unreadable, tampered with, or not the history the run was judged on."""
@@ -54,7 +65,9 @@ def read_verified(run_dir: Path) -> Verified:
     path = history_in(run_dir)  # a run's history.jsonl, or a committed folder's history.jsonl.gz
     if path is None:
         hint = (" (a campaign's folder: its shards' run folders are under shards/; `kvparity merge` them again)"
-                if (Path(run_dir) / "shards").is_dir() else "")
+                if (Path(run_dir) / "shards").is_dir() else
+                " (a campaign's merged report: `kvparity merge` its shards' run folders again; its results.json "
+                "lists them)" if _merged_report(Path(run_dir)) else "")
         raise UsageError(f"no history.jsonl (or history.jsonl.gz) in {run_dir}: not a run folder{hint}")
     try:
         events, problems = read_events(path)

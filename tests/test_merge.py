@@ -392,3 +392,16 @@ def test_a_renumbered_example_moves_its_probe_references_and_leaves_junk_as_it_w
           "rebatch": "junk"}
     assert renumbered(ev, 10) == {"event": "example", "index": 12, "alone": [[11, "r3"], ["1", "r4"], "junk"],
                                   "kin": [[10, "r0"]], "rebatch": "junk"}
+
+
+def test_report_of_a_merged_report_says_how_to_judge_it_again(runs, tmp_path, capsys):
+    """`kvparity merge --out DIR` writes no history of its own; `kvparity report DIR` said only "not a run
+    folder". A folder that is neither says only that."""
+    _merge(capsys, tmp_path / "m", runs["1"], runs["2"])
+    assert cli.main(["report", str(tmp_path / "m")]) == 3
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "a campaign's merged report: `kvparity merge`" in err, err
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "results.json").write_text('{"verdict": "pass"}')
+    assert cli.main(["report", str(tmp_path / "other")]) == 3
+    assert "campaign" not in capsys.readouterr().err
