@@ -27,7 +27,8 @@ import hashlib
 import json
 import os
 import pathlib
-from typing import Mapping, Sequence
+import secrets
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -156,41 +157,35 @@ def export_model(src: pathlib.Path, out_dir: pathlib.Path | None = None, *, forc
     if "lm_head.weight" not in state or config.get("tie_word_embeddings"):
         state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
-    writer.add_name(src.name)
-    writer.add_string("kvparity.source_sha256", digest)
-    writer.add_context_length(int(config.get("max_position_embeddings", 1024)))
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(int(config["num_hidden_layers"]))
-    writer.add_feed_forward_length(int(config["intermediate_size"]))
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_kv)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
-    writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-5)))
-    writer.add_vocab_size(int(config["vocab_size"]))
-    writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-    _add_tokenizer(writer, src / "tokenizer.json", config)
-    for hf_name in sorted(state):
-        if not hf_name.endswith(".weight"):
-            raise ValueError(f"unexpected tensor {hf_name!r}")
-        base = hf_name[: -len(".weight")]
-        w = np.ascontiguousarray(state[hf_name], dtype=np.float32)
-        if base.endswith("self_attn.q_proj"):
-            w = permute_rope(w, n_head)
-        elif base.endswith("self_attn.k_proj"):
-            w = permute_rope(w, n_kv)
-        writer.add_tensor(gguf_name(base) + ".weight", np.ascontiguousarray(w))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(out)
-    return out
+    def fill(writer) -> None:
+        writer.add_name(src.name)
+        writer.add_string("kvparity.source_sha256", digest)
+        writer.add_context_length(int(config.get("max_position_embeddings", 1024)))
+        writer.add_embedding_length(hidden)
+        writer.add_block_count(int(config["num_hidden_layers"]))
+        writer.add_feed_forward_length(int(config["intermediate_size"]))
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_kv)
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
+        writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-5)))
+        writer.add_vocab_size(int(config["vocab_size"]))
+        writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+        _add_tokenizer(writer, src / "tokenizer.json", config)
+        for hf_name in sorted(state):
+            if not hf_name.endswith(".weight"):
+                raise ValueError(f"unexpected tensor {hf_name!r}")
+            base = hf_name[: -len(".weight")]
+            w = np.ascontiguousarray(state[hf_name], dtype=np.float32)
+            if base.endswith("self_attn.q_proj"):
+                w = permute_rope(w, n_head)
+            elif base.endswith("self_attn.k_proj"):
+                w = permute_rope(w, n_kv)
+            writer.add_tensor(gguf_name(base) + ".weight", np.ascontiguousarray(w))
+
+    return _write_gguf(out, fill)
 
 
 def export_lora(src: pathlib.Path, base: pathlib.Path | None = None, out_dir: pathlib.Path | None = None, *,
@@ -214,36 +209,53 @@ def export_lora(src: pathlib.Path, base: pathlib.Path | None = None, out_dir: pa
     state = _load_safetensors(weights)
     prefix = "base_model.model."
 
+    def fill(writer) -> None:
+        writer.add_type(gguf.GGUFType.ADAPTER)
+        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(cfg["lora_alpha"]))
+        writer.add_name(src.name)
+        writer.add_string("kvparity.source_sha256", digest)
+        written = 0
+        for key in sorted(state):
+            if not key.endswith("lora_A.weight"):
+                continue
+            module = key[len(prefix):-len(".lora_A.weight")] if key.startswith(prefix) else key[:-len(".lora_A.weight")]
+            a = state[key]
+            b = state[key.replace("lora_A", "lora_B")]
+            if module.endswith("self_attn.q_proj"):
+                b = permute_rope(b, n_head)
+            elif module.endswith("self_attn.k_proj"):
+                b = permute_rope(b, n_kv)
+            name = gguf_name(module) + ".weight"
+            writer.add_tensor(name + ".lora_a", np.ascontiguousarray(a, dtype=np.float32))
+            writer.add_tensor(name + ".lora_b", np.ascontiguousarray(b, dtype=np.float32))
+            written += 1
+        if not written:
+            raise ValueError(f"{src}: no lora_A/lora_B tensors found")
+
+    return _write_gguf(out, fill)
+
+
+def _write_gguf(out: pathlib.Path, fill: Callable[[Any], None]) -> pathlib.Path:
+    """Write the GGUF `fill` describes to `out`, through a temporary file of this writer's own renamed into
+    place. Two processes exporting at once (a campaign's llama.cpp shards on a cold cache, pytest -n 2) had
+    shared one `<name>.tmp`: measured, in 8 of 20 simultaneous exports of one checkpoint one process raised
+    FileNotFoundError (the other had already renamed the file both were writing). The content is a
+    function of the weights (their digest names the file), so whichever rename lands last is right."""
+    import gguf
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
-    writer.add_type(gguf.GGUFType.ADAPTER)
-    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(cfg["lora_alpha"]))
-    writer.add_name(src.name)
-    writer.add_string("kvparity.source_sha256", digest)
-    written = 0
-    for key in sorted(state):
-        if not key.endswith("lora_A.weight"):
-            continue
-        module = key[len(prefix):-len(".lora_A.weight")] if key.startswith(prefix) else key[:-len(".lora_A.weight")]
-        a = state[key]
-        b = state[key.replace("lora_A", "lora_B")]
-        if module.endswith("self_attn.q_proj"):
-            b = permute_rope(b, n_head)
-        elif module.endswith("self_attn.k_proj"):
-            b = permute_rope(b, n_kv)
-        name = gguf_name(module) + ".weight"
-        writer.add_tensor(name + ".lora_a", np.ascontiguousarray(a, dtype=np.float32))
-        writer.add_tensor(name + ".lora_b", np.ascontiguousarray(b, dtype=np.float32))
-        written += 1
-    if not written:
-        raise ValueError(f"{src}: no lora_A/lora_B tensors found")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(out)
+    tmp = out.with_name(f"{out.stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        writer = gguf.GGUFWriter(str(tmp), "llama")
+        fill(writer)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 

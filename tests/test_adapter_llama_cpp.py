@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,6 +65,40 @@ def test_export_writes_every_tensor_and_the_tokenizer(gguf_dir):
     assert len(names) == 3 + 9 * 2
     tokens = reader.fields["tokenizer.ggml.tokens"]
     assert len(tokens.data) == 1024
+
+
+_RACE = """
+import sys, time
+from pathlib import Path
+from adapters.gguf_export import export_gguf
+start, out = float(sys.argv[1]), Path(sys.argv[2])
+for r in range(12):
+    while time.time() < start + r * 0.3:
+        pass
+    export_gguf("tiny-target-a", out / str(r))
+"""
+
+
+@needs_gguf
+def test_two_processes_exporting_one_checkpoint_at_once_both_get_it_whole(tmp_path):
+    """A campaign's llama.cpp shards on a cold cache export the same checkpoint at the same moment. They had
+    shared one `<name>.tmp`: in 8 of 20 simultaneous exports one process raised FileNotFoundError (the other
+    had renamed the file both were writing)."""
+    import subprocess
+    import time
+
+    from adapters.gguf_export import export_gguf
+
+    start = str(time.time() + 8)  # both processes imported by then, on a loaded machine too
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, start, str(tmp_path / "race")],
+                              cwd=Path(__file__).resolve().parents[1],
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    whole = export_gguf("tiny-target-a", tmp_path / "alone").read_bytes()
+    for r in range(12):
+        files = list((tmp_path / "race" / str(r)).iterdir())
+        assert len(files) == 1 and files[0].read_bytes() == whole, files  # no temporary file left behind
 
 
 @needs_gguf
