@@ -24,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import random
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -303,13 +305,18 @@ def write_cache(path: Path, marks: Landmarks, budget_s: float, revision: str) ->
             "eos_paths": [[list(p.prompt), list(p.continuation)] for p in marks.eos_paths],
             "near_ties": [list(t.prompt) for t in marks.near_ties],
             "same_text": [[list(a), list(b)] for a, b in marks.same_text]}
+    # A temporary file of this writer's own: a campaign's shards searching one checkpoint finish together,
+    # and with one shared `.tmp` one of them lost its file to the other's rename (adapters/gguf_export.py).
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data) + "\n")
         tmp.replace(path)
     except OSError as exc:  # a read-only working directory: the run goes on, searching next time again
         print(f"kvparity: cannot cache landmarks in {path}: {exc}", file=sys.stderr)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def discover(folder: str | Path, vocab_size: int, eos_id: int | None, model: Callable[[], Logits | None],

@@ -71,7 +71,12 @@ _RACE = """
 import sys, time
 from pathlib import Path
 from adapters.gguf_export import export_gguf
-start, out = float(sys.argv[1]), Path(sys.argv[2])
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+(out / f"ready-{sys.argv[2]}").touch()  # both processes imported: start together, whatever the load
+while len(list(out.glob("ready-*"))) < 2:
+    time.sleep(0.01)
+start = max(p.stat().st_mtime for p in out.glob("ready-*")) + 0.2
 for r in range(12):
     while time.time() < start + r * 0.3:
         pass
@@ -85,14 +90,12 @@ def test_two_processes_exporting_one_checkpoint_at_once_both_get_it_whole(tmp_pa
     shared one `<name>.tmp`: in 8 of 20 simultaneous exports one process raised FileNotFoundError (the other
     had renamed the file both were writing)."""
     import subprocess
-    import time
 
     from adapters.gguf_export import export_gguf
 
-    start = str(time.time() + 8)  # both processes imported by then, on a loaded machine too
-    procs = [subprocess.Popen([sys.executable, "-c", _RACE, start, str(tmp_path / "race")],
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(tmp_path / "race"), str(k)],
                               cwd=Path(__file__).resolve().parents[1],
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+                              stderr=subprocess.PIPE, text=True) for k in range(2)]
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
     whole = export_gguf("tiny-target-a", tmp_path / "alone").read_bytes()
