@@ -101,8 +101,10 @@ def new_run_dir(report_dir: str | os.PathLike[str], engine_name: str) -> Path:
     base = Path(report_dir) / engine_name.replace(":", "_").replace("/", "_")
     run_dir = base / (stamp + (f"-{worker}" if worker else ""))
     n = 1
-    while run_dir.exists():
-        n += 1
-        run_dir = base / f"{stamp}-{n}" if not worker else base / f"{stamp}-{worker}-{n}"
-    run_dir.mkdir(parents=True)
-    return run_dir
+    while True:  # made, not looked for: two runs starting in one second both saw a name free, one then crashed
+        try:
+            run_dir.mkdir(parents=True)
+            return run_dir
+        except FileExistsError:
+            n += 1
+            run_dir = base / f"{stamp}-{n}" if not worker else base / f"{stamp}-{worker}-{n}"

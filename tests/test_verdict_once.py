@@ -144,3 +144,15 @@ def test_a_run_whose_report_cannot_be_written_safely_is_an_error(tmp_path):
                                                     database_dir=tmp_path / "db", checks=["parity"]))
     assert outcome.report_error and "is a symlink" in outcome.report_error
     assert outside.read_text() == "{}"
+
+
+def test_two_runs_starting_in_one_second_each_get_a_run_folder_of_their_own(tmp_path, monkeypatch):
+    """The folder is made, not looked for and then made: two runs starting in one second (a CI script's
+    `kvparity run ... &` twice) could both find a name free, and the second crashed on it. The race is
+    forced here: every name looks free."""
+    from conformance import run_folder
+
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setattr(Path, "exists", lambda self: False)
+    made = [run_folder.new_run_dir(tmp_path, "reference") for _ in range(3)]
+    assert len(set(made)) == 3 and all(p.is_dir() for p in made)
