@@ -106,5 +106,7 @@ def new_run_dir(report_dir: str | os.PathLike[str], engine_name: str) -> Path:
             run_dir.mkdir(parents=True)
             return run_dir
         except FileExistsError:
+            if not os.path.lexists(run_dir):  # a file where a folder above it should be: no name will do
+                raise
             n += 1
             run_dir = base / f"{stamp}-{n}" if not worker else base / f"{stamp}-{worker}-{n}"

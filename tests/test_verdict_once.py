@@ -156,3 +156,11 @@ def test_two_runs_starting_in_one_second_each_get_a_run_folder_of_their_own(tmp_
     monkeypatch.setattr(Path, "exists", lambda self: False)
     made = [run_folder.new_run_dir(tmp_path, "reference") for _ in range(3)]
     assert len(set(made)) == 3 and all(p.is_dir() for p in made)
+
+
+def test_a_file_where_the_engine_s_folder_should_be_is_an_error_not_a_search(tmp_path):
+    from conformance import run_folder
+
+    (tmp_path / "reference").write_text("")
+    with pytest.raises(OSError):
+        run_folder.new_run_dir(tmp_path, "reference")
