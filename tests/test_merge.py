@@ -324,6 +324,7 @@ def test_an_out_folder_that_cannot_be_made_is_one_line_and_exit_3(runs, capsys):
 @pytest.mark.parametrize("argv", [
     ["merge", "RUN1", "RUN2", "--out", ""],
     ["campaign", "--shards", "2", "--out", "", "--engine", "reference"],
+    ["campaign", "--shards", "2", "--out", "c", "--ray", "--ray-address", "", "--engine", "reference"],
     ["run", "--engine", "reference", "--database", ""],
     ["run", "--engine", "reference", "--known", ""],
     ["run", "--engine", "reference", "--report-dir", ""]])

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from conformance.arguments import positive_int, resource_amount
 from conformance.contract import UsageError
-from kvparity.parsing import UsageParser, output_dir, run_command, summary
+from kvparity.parsing import UsageParser, named, output_dir, run_command, summary
 
 SET_BY_CAMPAIGN = ("--shard", "--report-dir")
 
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the campaign folder: shards/<i>/ and the merged report")
     p.add_argument("--ray", action="store_true",
                    help="run the shards as Ray tasks (pip install 'kvparity[ray]'); none: local processes")
-    p.add_argument("--ray-address", default=None,
+    p.add_argument("--ray-address", default=None, type=named,
                    help="with --ray: the cluster to join (none: RAY_ADDRESS, else a local Ray runtime)")
     p.add_argument("--shard-cpus", type=resource_amount, default=1.0,
                    help="with --ray: CPUs each shard's task asks for")
