@@ -377,13 +377,13 @@ def test_a_merge_keeps_what_each_shard_s_probes_found(tmp_path, capsys):
         run_dir = tmp_path / shard.replace("/", "-")
         run_dir.mkdir()
         run_suite(FakeLoraMixing(), RunConfig(engine_name="reference", profile="dev", seed=0, run_dir=run_dir,
-                                              database_dir=tmp_path / "db", max_shrink_seconds=5, keep_looking=False,
+                                              database_dir=tmp_path / "db", shrink=False, keep_looking=False,
                                               shard=parse_shard(shard, ())))
         signed.append({fd["signature"]["signature"] for fd in _results(run_dir)["findings"]})
-    assert signed[0] and signed[0] == signed[1]
+    assert any("another identity in its batch" in fd["signature"]["mechanism"]
+               for fd in _results(tmp_path / "2-2")["findings"])  # shard 2's probes decided its signature
     code, merged, printed = _merge(capsys, tmp_path / "m", tmp_path / "1-2", tmp_path / "2-2")
-    assert code == 1 and {fd["signature"]["signature"] for fd in merged["findings"]} == signed[0], printed
-    assert all(f["shards"] == ["1/2", "2/2"] for f in merged["campaign"]["findings"]), printed
+    assert code == 1 and {fd["signature"]["signature"] for fd in merged["findings"]} == signed[0] | signed[1], printed
 
 
 def test_a_renumbered_example_moves_its_probe_references_and_leaves_junk_as_it_was():
