@@ -62,6 +62,12 @@ def campaign_blocks(campaign: Mapping[str, Any]) -> list[Any]:
     if rows:
         out.append(Table(["shard", "its own verdict", "examples", "seed", "history", "run folder"]
                          + (["its own engine arguments"] if own else []), rows))
+    found = campaign.get("findings") or []
+    if found:  # which shard to rerun for a finding: the console and results.json said, the report did not
+        out.append(Table(["finding", "signature", "found by", "failure records"],
+                         [[f"[{f['check']}] {f['title']}" + (f" ({f['mechanism']})" if f.get("mechanism") else "")
+                           + (", known" if f.get("known") else ""),
+                           f"`{f['signature']}`", ", ".join(f["shards"]), str(f["occurrences"])] for f in found]))
     if campaign["problems"]:
         out.append(Para("**The campaign is incomplete or inconsistent:** " + "; ".join(campaign["problems"])))
     return out
@@ -80,8 +86,8 @@ def write_campaign(out_dir: Path, history: History, analysis: Analysis, campaign
     paths = {f.case_id: witness_path(out_dir, f) for f in analysis.failures}
     results = results_json(history, analysis, paths)
     results["findings"] = dedupe(results["findings"], ranges, block["shards"])
-    block["findings"] = [{**fd["signature"], "shards": fd["shards"], "occurrences": fd["occurrences"]}
-                         for fd in results["findings"]]
+    block["findings"] = [{**fd["signature"], "shards": fd["shards"], "occurrences": fd["occurrences"],
+                          "known": bool(fd.get("known"))} for fd in results["findings"]]
     results["campaign"] = block
     clear_folder(out_dir, "witnesses")  # no earlier merge's witness beside this one
     write_witnesses(out_dir, history, analysis, results["decoded"],

@@ -103,6 +103,9 @@ def test_findings_are_listed_once_across_shards_by_signature(runs, tmp_path, cap
             assert f["shards"] == ["1/2", "2/2"]
             assert f"; signature {f['signature']}; shards 1/2, 2/2): kvparity replay" in printed, printed
     assert "FAIL [isolation]" in printed and "KNOWN [" not in printed
+    report = (tmp_path / "m" / "report.md").read_text()  # the report for people names the shards too
+    for f in merged["campaign"]["findings"]:
+        assert f"| `{f['signature']}` | {', '.join(f['shards'])} |" in report, report
 
 
 def test_known_findings_merge_as_known_and_say_so(runs, tmp_path, capsys):
@@ -112,6 +115,8 @@ def test_known_findings_merge_as_known_and_say_so(runs, tmp_path, capsys):
     assert code == 0 and merged["verdict"] == "pass" and merged["findings"], printed
     assert all(fd["known"] for fd in merged["findings"])
     assert "KNOWN [isolation]" in printed and "FAIL [" not in printed, printed
+    assert all(f["known"] for f in merged["campaign"]["findings"])
+    assert "), known | `" in (tmp_path / "m" / "report.md").read_text()
 
 
 def test_examples_run_while_shrinking_are_counted_apart_as_each_shard_counts_them(runs, tmp_path, capsys):
