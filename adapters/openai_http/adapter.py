@@ -277,16 +277,14 @@ class OpenAIHttpAdapter:
         n = max(2, min(4 * self.block_size + 1, self.max_context - 8))
         prompt = [4 + (7 * i) % 40 for i in range(n)]
 
-        def cached(tag: str) -> int | None:
+        def cached(tag: str) -> Any:
             body = {**self._body(prompt, 1, (), None), "cache_salt": wire_salt(f"kvp{self.namespace}.probe-{tag}")}
-            details = (self.http.call("POST", "/v1/completions", body).get("usage") or {}).get(
-                "prompt_tokens_details") or {}
-            return details.get("cached_tokens") if isinstance(details, dict) else None
+            return reported_cached(self.http.call("POST", "/v1/completions", body))
 
         try:
             cached("a")
             again, other = cached("a"), cached("b")
-        except (EngineError, AttributeError):
+        except EngineError:
             return False
         if not isinstance(again, int) or not isinstance(other, int) or again <= 0:
             return False
@@ -307,9 +305,7 @@ class OpenAIHttpAdapter:
                 toks and isinstance(toks, list) and all(isinstance(t, str) for t in toks))
         except (KeyError, IndexError, TypeError, AttributeError):
             self._ids_from_server = False
-        usage = data.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        return isinstance(details, dict) and isinstance(details.get("cached_tokens"), int)
+        return isinstance(reported_cached(data), int)
 
     # -- contract ---------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -591,8 +587,7 @@ class OpenAIHttpAdapter:
                                               q.max_tokens)
         extra.update(server_steps(data))
         usage = data.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        cached = reported_cached(data)
         if cached is not None and not isinstance(cached, int):
             raise EngineError(f"request {q.id}: cached_tokens is {cached!r}, not an integer")
         if isinstance(usage.get("prompt_tokens"), int):
@@ -633,6 +628,13 @@ def _server_steps(results: list[Result]) -> list[Result]:
         out.append(attrs.evolve(r, arrived_at_step=None if a is None else a - base,
                                 ended_at_step=None if ended is None or a is None else ended - base))
     return out
+
+
+def reported_cached(data: Any) -> Any:
+    """`usage.prompt_tokens_details.cached_tokens` of a completion, as the server gave it (None where absent)."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    return details.get("cached_tokens") if isinstance(details, dict) else None
 
 
 _SALT_ESCAPES = {"%": "%25", "@": "%40", "/": "%2F", "\\": "%5C", "\0": "%00"}
