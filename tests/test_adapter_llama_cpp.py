@@ -11,8 +11,6 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,37 +65,19 @@ def test_export_writes_every_tensor_and_the_tokenizer(gguf_dir):
     assert len(tokens.data) == 1024
 
 
-_RACE = """
-import sys, time
-from pathlib import Path
-from adapters.gguf_export import export_gguf
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-(out / f"ready-{sys.argv[2]}").touch()  # both processes imported: start together, whatever the load
-while len(list(out.glob("ready-*"))) < 2:
-    time.sleep(0.01)
-start = max(p.stat().st_mtime for p in out.glob("ready-*")) + 0.2
-for r in range(12):
-    while time.time() < start + r * 0.3:
-        pass
-    export_gguf("tiny-target-a", out / str(r))
-"""
-
-
 @needs_gguf
 def test_two_processes_exporting_one_checkpoint_at_once_both_get_it_whole(tmp_path):
     """A campaign's llama.cpp shards on a cold cache export the same checkpoint at the same moment. They had
     shared one `<name>.tmp`: in 8 of 20 simultaneous exports one process raised FileNotFoundError (the other
     had renamed the file both were writing)."""
-    import subprocess
-
     from adapters.gguf_export import export_gguf
+    from at_once import twice_at_once
 
-    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(tmp_path / "race"), str(k)],
-                              cwd=Path(__file__).resolve().parents[1],
-                              stderr=subprocess.PIPE, text=True) for k in range(2)]
-    errors = [p.communicate(timeout=120)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], errors
+    codes, errors = twice_at_once("""
+from adapters.gguf_export import export_gguf
+export_gguf("tiny-target-a", out / str(r))
+""", tmp_path / "race", rounds=12, spacing_s=0.3)
+    assert codes == [0, 0], errors
     whole = export_gguf("tiny-target-a", tmp_path / "alone").read_bytes()
     for r in range(12):
         files = list((tmp_path / "race" / str(r)).iterdir())

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import pathlib
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -174,31 +172,16 @@ def test_eos_paths_are_lengthened_where_none_is_long_enough_to_hit_the_cache():
     assert ls.lengthened(never_eos, shipped.eos_paths, 33, list(range(3, 60)), info.eos_id, random.Random(0)) == []
 
 
-_RACE = """
-import sys, time
-from pathlib import Path
-from adapters.landmark_search import write_cache
-from conformance.contract import EosPath, Landmarks
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-(out / f"ready-{sys.argv[2]}").touch()  # both processes imported: start together, whatever the load
-while len(list(out.glob("ready-*"))) < 2:
-    time.sleep(0.01)
-start = max(p.stat().st_mtime for p in out.glob("ready-*")) + 0.2
-marks = Landmarks((EosPath("a", (5, 6), (7,)),), (), ())
-for r in range(20):
-    while time.time() < start + r * 0.1:
-        pass
-    write_cache(out / f"{r}.json", marks, 1.0, "a")
-"""
-
-
 def test_two_shards_caching_one_checkpoint_s_landmarks_at_once_both_write_it(tmp_path):
     """A campaign's shards searching one checkpoint finish together and cache what they found. With one
     shared `<name>.tmp` one of them lost its file to the other's rename and said "cannot cache landmarks"."""
-    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(tmp_path), str(k)], stderr=subprocess.PIPE,
-                              text=True, cwd=pathlib.Path(__file__).resolve().parents[1]) for k in range(2)]
-    errors = [p.communicate(timeout=120)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0] and not any("cannot cache" in e for e in errors), errors
+    from at_once import twice_at_once
+
+    codes, errors = twice_at_once("""
+from adapters.landmark_search import write_cache
+from conformance.contract import EosPath, Landmarks
+write_cache(out / f"{r}.json", Landmarks((EosPath("a", (5, 6), (7,)),), (), ()), 1.0, "a")
+""", tmp_path, rounds=20, spacing_s=0.1)
+    assert codes == [0, 0] and not any("cannot cache" in e for e in errors), errors
     assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(f"{r}.json" for r in range(20))
     assert not list(tmp_path.glob("*.tmp"))
