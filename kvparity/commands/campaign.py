@@ -15,6 +15,7 @@ from typing import Sequence
 
 from conformance.arguments import positive_int, resource_amount
 from conformance.contract import UsageError
+from conformance.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS
 from kvparity.parsing import UsageParser, named, output_dir, run_command, summary
 
 SET_BY_CAMPAIGN = ("--shard", "--report-dir")
@@ -87,7 +88,8 @@ def work(args: argparse.Namespace) -> int:
     return code
 
 
-VERDICT_LINE = re.compile(r"(PASS|FAIL|INCONCLUSIVE|ERROR|INTERRUPTED): ")
+# `kvparity run`'s last line starts with its verdict, or INTERRUPTED (kvparity/commands/run.py)
+VERDICT_LINE = re.compile("({}|INTERRUPTED): ".format("|".join(v.upper() for v in (PASS, FAIL, INCONCLUSIVE, ERROR))))
 
 
 def shard_line(output: str) -> str:
