@@ -73,6 +73,9 @@ def stream_argv(o: dict[str, Any]) -> list[str]:
         argv += ["--seed", str(o["seed"])]
     if o.get("max_examples") is not None:
         argv += ["--max-examples", str(o["max_examples"])]
+    for option in ("shard", "database"):
+        if o.get(option) is not None:
+            argv += [f"--{option}", str(o[option])]
     return argv
 
 

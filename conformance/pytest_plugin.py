@@ -50,12 +50,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "about a quarter as many")
     group.addoption("--kvparity-allow-inconclusive", action="store_true", default=False,
                     help="report an inconclusive check as skipped instead of failed")
+    group.addoption("--kvparity-shard", default=None, metavar="I/N",
+                    help="run the stream as shard I of N of a campaign (`kvparity run --shard`): one CI-matrix job "
+                         "each, then `kvparity merge` over their run folders")
+    group.addoption("--kvparity-database", default=None, metavar="DIR|redis://HOST:PORT/N",
+                    help="Hypothesis' example database for the stream (`kvparity run --database`): shared by a "
+                         "campaign's shards, a failure one found is replayed first by the others")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Reject bad option values at once, with the option's name, before any engine is built."""
     timeout_value(config)
     max_examples_value(config)
+    shard_value(config)
+    database_value(config)
 
 
 def timeout_value(config: pytest.Config) -> float:
@@ -84,6 +92,39 @@ def max_examples_value(config: pytest.Config) -> int | None:
     return value
 
 
+def shard_value(config: pytest.Config) -> str | None:
+    """`--kvparity-shard` as given (I/N, 1 <= I <= N), or None: not a shard."""
+    from conformance.contract import UsageError
+    from conformance.shards import parse_shard
+
+    raw = config.getoption("--kvparity-shard", default=None)
+    if raw is None:
+        return None
+    try:
+        return str(parse_shard(raw))
+    except UsageError as exc:
+        raise pytest.UsageError(f"--kvparity-shard must be I/N with 1 <= I <= N, got {raw!r}: {exc}") from None
+
+
+def database_value(config: pytest.Config) -> str | None:
+    """`--kvparity-database`: a folder, or a redis URL naming this machine (its reachability is checked by
+    the run, before the engine is built); None for the default folder. Empty is refused: an unset CI
+    variable would otherwise give each shard a database of its own."""
+    from conformance.contract import UsageError
+    from conformance.example_database import check_url, is_url
+
+    raw = config.getoption("--kvparity-database", default=None)
+    if raw is None:
+        return None
+    try:
+        if not str(raw).strip():
+            raise UsageError("an empty path or address (an unset variable?)")
+        return check_url(raw) if is_url(raw) else raw
+    except UsageError as exc:
+        raise pytest.UsageError(f"--kvparity-database must be a folder or redis://HOST:PORT/N on this machine, "
+                                f"got {raw!r}: {exc}") from None
+
+
 @pytest.fixture(scope="session")
 def kvparity_options(request: pytest.FixtureRequest) -> dict[str, Any]:
     cfg = request.config
@@ -97,7 +138,8 @@ def kvparity_options(request: pytest.FixtureRequest) -> dict[str, Any]:
             "seed": cfg.getoption("--kvparity-seed"),
             "checks": [c for c in (cfg.getoption("--kvparity-checks") or "").split(",") if c.strip()] or None,
             "timeout_s": timeout_value(cfg), "max_examples": max_examples_value(cfg),
-            "allow_inconclusive": bool(cfg.getoption("--kvparity-allow-inconclusive"))}
+            "allow_inconclusive": bool(cfg.getoption("--kvparity-allow-inconclusive")),
+            "shard": shard_value(cfg), "database": database_value(cfg)}
 
 
 @pytest.fixture(scope="session")

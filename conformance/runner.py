@@ -223,8 +223,8 @@ def _run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler]
                     test = hypothesis_seed((seed or 0) * 1000 + hunt.round + 1)(test)
                 elif seed is not None:
                     test = hypothesis_seed(seed)(test)
-                    if config.shard is not None or config.database_url:  # a campaign's store, replayed first
-                        example_database.keep_with_seed(test, overrides["database"])
+                    if config.shard is not None or config.database_url or config.database_dir:
+                        example_database.keep_with_seed(test, overrides["database"])  # a store asked for: used
                 hunt.begin(examples, builder.history)
                 budget.restart()
                 broken = not _run_phase(test, writer)

@@ -86,3 +86,51 @@ def test_under_xdist_the_stream_runs_once_and_the_state_machine_on_another_worke
     machine = {l.split()[0] for l in lines if "test_engine_session_state_machine" in l and l.startswith("[gw")}
     checks = {l.split()[0] for l in lines if "test_check[" in l and l.startswith("[gw")}
     assert len(machine) == 1 and checks - machine, lines  # the per-check tests also ran elsewhere
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--kvparity-shard", "3/2"), ("--kvparity-shard", "0/2"), ("--kvparity-shard", "two"),
+    ("--kvparity-database", ""), ("--kvparity-database", "redis://10.1.2.3:6379/0"),
+    ("--kvparity-database", "rediss://127.0.0.1:6379/0"),
+])
+def test_a_bad_shard_or_database_is_a_usage_error_naming_the_option(tmp_path, option, value):
+    """Refused before anything runs: `3/2` would otherwise surface as every per-check test failing on a
+    child that exited 3, and an empty database (an unset CI variable) as a shard keeping its failures to itself."""
+    out = plugin_run(tmp_path, "-n", "0", option, value)
+    assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
+    assert f"{option} must be" in out.stderr and repr(value) in out.stderr
+    assert not run_dirs(tmp_path)
+
+
+def test_plugin_shards_merge_into_one_campaign_and_a_missing_one_is_an_error(tmp_path):
+    """A CI matrix of pytest jobs, one shard each: the run folders are the campaign's shards, and the merge
+    of both is its verdict (PASS), of one alone `error` (shard 2/2 missing)."""
+    for i in (1, 2):
+        out = plugin_run(tmp_path, "-n", "0", "-k", "test_check", "--kvparity-profile", "ci",
+                         "--kvparity-max-examples", "3", "--kvparity-allow-inconclusive", "--kvparity-shard", f"{i}/2")
+        assert out.returncode == 0, out.stdout + out.stderr
+    runs = run_dirs(tmp_path)
+    starts = [json.loads((r / "history.jsonl").read_text().splitlines()[0]) for r in runs]
+    assert sorted((s["shard"]["index"], s["shard"]["count"]) for s in starts) == [(1, 2), (2, 2)]
+    assert starts[0]["seed"] != starts[1]["seed"]  # each shard its own stream
+
+    def merge(*dirs: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kvparity", "merge", *map(str, dirs), "--out",
+                               str(tmp_path / f"merged{len(dirs)}")], capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)])})
+
+    both, alone = merge(*runs), merge(runs[0])
+    assert both.returncode == 0, both.stdout + both.stderr
+    assert alone.returncode == 3 and "missing" in alone.stdout + alone.stderr, alone.stdout + alone.stderr
+
+
+def test_the_stream_uses_the_database_given(tmp_path):
+    """A failing stream saves its failure in the database the option names (where the next shard, or the
+    next night's run, replays it first), not in the default folder of the job's working directory."""
+    store = tmp_path / "shared-db"
+    out = plugin_run(tmp_path, "-n", "0", "--kvparity-engine-arg", "bug=salt_leak", "--kvparity-checks",
+                     "isolation", "--kvparity-max-examples", "40", "--kvparity-seed", "7", "-k", "test_check",
+                     "--kvparity-database", str(store))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert [p for p in store.rglob("*") if p.is_file()], "nothing saved in the database given"
+    assert not (tmp_path / ".hypothesis" / "kvparity").exists()

@@ -150,3 +150,33 @@ def test_an_unreachable_database_is_refused_before_the_engine_is_built(tmp_path,
     err = capsys.readouterr().err
     assert code == 3 and "cannot reach the store" in err and len(err.strip().splitlines()) == 1, err
     assert not list(tmp_path.rglob("history.jsonl"))
+
+
+def _seeded_run_fails_first(tmp_path: Path, name: str, seed: int, *database: str) -> tuple[int, bool]:
+    """A seeded dev run of the fake that mixes tenants' KV: (exit code, whether its first example failed)."""
+    from conformance.analysis import example_failures
+    from conformance.history import load
+
+    report = tmp_path / name
+    code = cli.main(["run", "--engine", FAKE, "--engine-arg", "bug=salt_leak", "--max-examples", "12", "--no-shrink",
+                     "--checks", "isolation", "--seed", str(seed), *database, "--report-dir", str(report), "-q"])
+    (path,) = report.rglob("history.jsonl")
+    history = load(path)
+    return code, bool(example_failures(history.only(history.examples[0]), ["isolation"]))
+
+
+def test_a_database_folder_given_to_a_seeded_run_is_used(tmp_path, monkeypatch, capsys):
+    """`--database DIR` with a seed (dev and nightly draw one; `--seed` gives one) and no shard: Hypothesis
+    turns the store off under a seed, so the failure was saved nowhere and the next run, given the same
+    folder, did not replay it. Now it is saved there and replayed first; with no `--database`, a seed alone
+    still names the stream (nothing replayed, from the default folder either)."""
+    monkeypatch.chdir(tmp_path)  # the default folder, .hypothesis/ here, stays this test's own
+    store = str(tmp_path / "store")
+    seed = next(s for s in range(20) if not _seeded_run_fails_first(tmp_path, f"probe{s}", s)[1])  # starts passing
+    code, _ = _seeded_run_fails_first(tmp_path, "finder", seed + 100, "--database", store)
+    assert code == 1, capsys.readouterr().out
+    assert [p for p in Path(store).rglob("*") if p.is_file()], "the failure was not saved in the folder given"
+    code, first_fails = _seeded_run_fails_first(tmp_path, "next", seed, "--database", store)
+    assert code == 1 and first_fails  # replayed before anything is drawn
+    code, first_fails = _seeded_run_fails_first(tmp_path, "seed-alone", seed)
+    assert not first_fails  # the seed's own stream, as the probe drew it
