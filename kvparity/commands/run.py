@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--database", default=None, type=named, metavar="DIR|redis://HOST:PORT/N",
                      help="Hypothesis' example database (failures are replayed first): a folder, or a Redis on this "
                           "machine shared by a campaign's shards (needs kvparity[campaign]; loopback hosts only) "
-                          "(none: .hypothesis/ here)")
+                          "(none: .hypothesis/ here, for a ci run or a shard; a seed alone names its stream, so a "
+                          "dev or nightly run replays nothing)")
     return run
 
 
