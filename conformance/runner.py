@@ -213,18 +213,23 @@ def _run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler]
 
         example_budget = config.example_budget
         broken = False
+        # Where failures are kept: a ci run's default folder, and any store a shard or `--database` names; a
+        # seed alone names its stream, so a seeded run given none keeps nothing (Hypothesis' `@seed`).
+        keeps = seed is None or config.shard is not None or bool(config.database_url or config.database_dir)
         with step_counts.counting(drawn):
             while not broken and hunt.more(example_budget):
                 test = conformance_example
                 if hunt.round >= 0:  # a further round: the examples left, a seed of its own, no database replay
-                    more = {"database": None, "derandomize": False, "max_examples": example_budget - hunt.spent}
+                    more = {"derandomize": False, "max_examples": example_budget - hunt.spent,
+                            "phases": tuple(p for p in overrides.get("phases", base_settings.phases)
+                                            if p is not Phase.reuse)}
                     test = settings(base_settings, **{**overrides, **more})(
                         given(scenarios(caps, max_steps=PROFILES[profile]))(conformance_example.hypothesis.inner_test))
                     test = hypothesis_seed((seed or 0) * 1000 + hunt.round + 1)(test)
                 elif seed is not None:
                     test = hypothesis_seed(seed)(test)
-                    if config.shard is not None or config.database_url or config.database_dir:
-                        example_database.keep_with_seed(test, overrides["database"])  # a store asked for: used
+                if keeps and (hunt.round >= 0 or seed is not None):  # seeded: the store `@seed` turned off, back
+                    example_database.keep_with_seed(test, overrides["database"])  # (a further round saves, no replay)
                 hunt.begin(examples, builder.history)
                 budget.restart()
                 broken = not _run_phase(test, writer)

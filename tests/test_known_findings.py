@@ -188,3 +188,25 @@ def test_run_suite_records_known_in_the_history(tmp_path):
     start = json.loads((outcome.run_dir / "history.jsonl").read_text().splitlines()[0])
     assert start["known"] == [entry] and start["strict_known"] is False
     assert outcome.exit_code == 0 and [dict(e) for e in outcome.analysis.known.fixed] == [entry]
+
+
+def test_every_bug_a_run_finds_is_kept_in_its_database(tmp_path):
+    """A run that finds a second bug in a further round (`Hunt`) keeps it in the example database too, so
+    the next run — another shard, the next night — replays both first. Further rounds had run with no
+    database at all: the second bug was saved nowhere. Control: the same next run with an empty database
+    does not meet that bug among its first examples."""
+    from conformance.analysis import example_failures
+    from conformance.history import load
+
+    def spec_failures_first(name: str, seed: str, first: int) -> bool:
+        code, results = run(tmp_path, TWO, "--database", str(tmp_path / name), seed=seed)
+        history = load(Path(results["dir"]) / "history.jsonl")
+        return code == 1 and any(example_failures(history.only(ex), ["spec_independence"])
+                                 for ex in history.examples[:first])
+
+    code, results = run(tmp_path, TWO, "--database", str(tmp_path / "store"))  # seed 0: both bugs
+    found = {fd["check"]: fd for fd in results["findings"]}
+    assert code == 1 and {"prefix_only", "spec_independence"} <= set(found)
+    saved = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+    assert spec_failures_first("store", "11", len(saved))  # replayed before anything is drawn
+    assert not spec_failures_first("empty", "11", len(saved))
