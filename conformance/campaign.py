@@ -10,7 +10,10 @@ one (`RAY_ADDRESS`, `--ray-address`) it joins a cluster.
 
 Either way the campaign waits for its shards on its main thread, echoing their progress, and a stop
 signal sent to it alone reaches every shard, each ending its run with a report (`run_local`, `run_ray`):
-a cancelled CI job leaves no engine running.
+a cancelled CI job leaves no engine running. A Ray shard may run on a node that does not see the
+driver's files: it writes at the same path on its node, and its task sends back what it wrote (its run
+folder and console), which the driver writes where it is missing; the stop and the progress lines go
+through a small actor (`Board`), not through files.
 
 However they ran, the shards' folders are then merged from their histories (conformance.campaign_merge):
 a shard whose process died before writing a folder is *missing*, so the campaign is `error`.
@@ -21,12 +24,14 @@ nightly) the campaign draws it once and gives it to every shard, so the campaign
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -37,7 +42,7 @@ from conformance.lifeline import stop_with
 TAIL_CHARS = 2000  # what a shard's output is kept of, for the campaign's console
 CONSOLE = "console.log"  # a shard's whole output, beside its run folder
 NOT_STARTED = "not started: the campaign was stopped"
-STOP_FILE = ".stop"  # written into a Ray shard's folder by its campaign when stopped; only its presence counts
+BOARD_WAIT_S = 10.0  # how long a Ray shard's task waits for its campaign's answer before asking again
 
 
 def shard_argv(run_args: Sequence[str], index: int, count: int, report_dir: Path,
@@ -63,23 +68,121 @@ def per_shard_engine_args(specs: Sequence[str], count: int) -> list[list[str]]:
     return per_shard
 
 
-def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str]) -> dict[str, Any]:
-    """Run one shard's process to its end; its exit code, its run folder (None: it left none) and the
-    tail of its output. Module-level, so a Ray worker imports it by name. The shard is stopped (SIGTERM:
-    it ends its run with a report) when its campaign writes `STOP_FILE` into `report_dir` — the folder
-    both already share — and when this worker dies (`lifeline.stop_with`)."""
+class Board:
+    """What a Ray campaign and its shards' tasks tell each other, wherever the tasks run (a Ray actor: no
+    file both must see): the stop, and each shard's console output as it grows."""
+
+    def __init__(self) -> None:
+        self._stopped = False
+        self._said: dict[int, list[bytes]] = {}
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def say(self, index: int, chunk: bytes) -> None:
+        self._said.setdefault(index, []).append(chunk)
+
+    def said(self) -> dict[int, bytes]:
+        """Each shard's output since the last call."""
+        said, self._said = self._said, {}
+        return {k: b"".join(chunks) for k, chunks in said.items()}
+
+
+def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str], board: Any = None,
+              index: int = 0) -> dict[str, Any]:
+    """Run one shard's process to its end; its exit code, its run folder (None: it left none), the tail of
+    its output, and `files`: that folder and its console as an archive (`packed`), for a driver that may
+    not see this node's files. Module-level, so a Ray worker imports it by name. `board`: the campaign's
+    `Board` (a Ray actor; None: no campaign to hear from) — the shard is stopped (SIGTERM: it ends its run
+    with a report) when the campaign stops, and when this worker dies (`lifeline.stop_with`); its output
+    is passed on as it grows."""
     folder = Path(report_dir)
-    if (folder / STOP_FILE).exists():  # stopped before this task began: nothing to stop, nothing to start
+    if board is not None and _stopped(board):  # stopped before this task began: nothing to stop or start
         return not_started()
     before = run_folders(folder)
     proc = start_shard(argv, folder, cwd, env)
-    stopped = False
+    stopped, sent = False, 0
     while proc.poll() is None:
-        if not stopped and (folder / STOP_FILE).exists():
-            proc.send_signal(signal.SIGTERM)
-            stopped = True
+        if board is not None:
+            if not stopped and _stopped(board):
+                proc.send_signal(signal.SIGTERM)
+                stopped = True
+            sent = _pass_on(folder, sent, board, index)
         time.sleep(stopping.POLL_S)
-    return ended(proc, folder, before)
+    if board is not None:
+        _pass_on(folder, sent, board, index)
+    result = ended(proc, folder, before)
+    return {**result, "files": packed(folder, result["run_dir"])}
+
+
+def _stopped(board: Any) -> bool:
+    """Whether the campaign has stopped; a campaign that cannot be asked any more (its driver died, and
+    the board with it) has. One slow to answer (a loaded machine) has not: it is asked again."""
+    import ray
+
+    try:
+        return bool(ray.get(board.stopped.remote(), timeout=BOARD_WAIT_S))
+    except ray.exceptions.GetTimeoutError:
+        return False
+    except ray.exceptions.RayError:
+        return True
+
+
+def _pass_on(folder: Path, sent: int, board: Any, index: int) -> int:
+    """Send the board what the shard's console gained since `sent` bytes; the bytes sent now."""
+    try:
+        with open(folder / CONSOLE, "rb") as console:
+            console.seek(sent)
+            chunk = console.read()
+    except OSError:
+        return sent
+    if chunk:
+        board.say.remote(index, chunk)
+    return sent + len(chunk)
+
+
+def packed(folder: Path, run_dir: str | None) -> bytes:
+    """A shard's run folder (`run_dir`, under `folder`) and console.log as a gzipped tar, paths relative to
+    `folder`: what its task sends the driver."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        if (folder / CONSOLE).is_file():
+            tar.add(folder / CONSOLE, arcname=CONSOLE)
+        if run_dir is not None:
+            tar.add(run_dir, arcname=str(Path(run_dir).relative_to(folder)))
+    return buffer.getvalue()
+
+
+def gathered(result: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A Ray task's outcome on the driver's side: what it sent (`packed`) written into the shard's `folder`
+    where missing. The task wrote at the same path on its node, so a node that shares the driver's files
+    wrote them here already, and those are left as they are; on another node's disk, they arrive now. Only
+    plain files and folders under `folder` are written (an absolute path, `..`, a link or a device is a
+    ValueError, as a task that failed)."""
+    files = result.pop("files", None)
+    if not files:
+        return result
+    with tarfile.open(fileobj=io.BytesIO(files), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            name = Path(member.name)
+            if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
+                raise ValueError(f"a shard's task sent {member.name!r}: not a file of its run folder")
+            target = folder / name
+            if target.exists():
+                continue
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+            with open(partial, "wb") as out:
+                out.write(source.read() if source is not None else b"")
+            os.replace(partial, target)  # a driver stopped mid-write leaves no cut file standing as the shard's
+    return result
 
 
 def start_shard(argv: Sequence[str], folder: Path, cwd: str, env: dict[str, str]) -> subprocess.Popen:
@@ -148,8 +251,9 @@ def _env() -> dict[str, str]:
 
 class ProgressEcho:
     """Each shard's progress lines (`kvparity: N/M examples, ...`: conformance.progress), as they reach its
-    console.log, on the campaign's stderr with the shard named: a campaign runs for hours, and one that
-    prints nothing until it ends cannot be told from one that hangs. Reads only what is new each time."""
+    console, on the campaign's stderr with the shard named: a campaign runs for hours, and one that prints
+    nothing until it ends cannot be told from one that hangs. Called, it reads what is new in each shard's
+    console.log (local shards); a Ray campaign `feed`s it what the shards' tasks passed on instead."""
 
     def __init__(self, report_dirs: Sequence[Path]) -> None:
         self.report_dirs = list(report_dirs)
@@ -157,7 +261,6 @@ class ProgressEcho:
         self.partial = [""] * len(self.report_dirs)
 
     def __call__(self) -> None:
-        count = len(self.report_dirs)
         for k, folder in enumerate(self.report_dirs):
             try:
                 with open(folder / CONSOLE, "rb") as console:
@@ -166,10 +269,15 @@ class ProgressEcho:
             except OSError:  # not started yet
                 continue
             self.offsets[k] += len(chunk)
-            *lines, self.partial[k] = (self.partial[k] + chunk.decode("utf-8", errors="replace")).split("\n")
-            for line in lines:
-                if line.startswith("kvparity: ") and " examples" in line:
-                    print(f"shard {k + 1}/{count}: {line[len('kvparity: '):]}", file=sys.stderr, flush=True)
+            self.feed(k, chunk)
+
+    def feed(self, k: int, chunk: bytes) -> None:
+        """Shard k's output that followed what it was fed before: its whole progress lines echoed."""
+        *lines, self.partial[k] = (self.partial[k] + chunk.decode("utf-8", errors="replace")).split("\n")
+        for line in lines:
+            if line.startswith("kvparity: ") and " examples" in line:
+                print(f"shard {k + 1}/{len(self.report_dirs)}: {line[len('kvparity: '):]}", file=sys.stderr,
+                      flush=True)
 
 
 @contextlib.contextmanager
@@ -267,10 +375,10 @@ def refuse_infeasible(have: dict[str, float], num_cpus: float, num_gpus: float) 
 def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpus: float, num_gpus: float,
             address: str | None = None) -> tuple[list[dict[str, Any]], int | None]:
     """The shards as Ray tasks, each asking for `num_cpus` and `num_gpus` (what its engine needs); and the
-    stop signal that cut the campaign short, if one did. The report folders must be reachable by the
-    driver: on one machine they are; on a cluster, put `--out` on a shared file system. Stopped, the
-    driver writes `STOP_FILE` into every shard's folder (each task passes SIGTERM on to its shard) and
-    waits for the tasks to end, as a local campaign waits for its processes."""
+    stop signal that cut the campaign short, if one did. Each task sends back its shard's run folder
+    (`gathered`), so the nodes need not share the driver's files. Stopped, the driver tells the `Board`
+    (each task passes SIGTERM on to its shard) and waits for the tasks to end, as a local campaign waits
+    for its processes."""
     import ray
 
     started, own = not ray.is_initialized(), {}
@@ -284,38 +392,46 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
     try:
         if own:
             refuse_infeasible(ray.cluster_resources(), num_cpus, num_gpus)
+        board = ray.remote(Board).options(num_cpus=0).remote()
         task = ray.remote(run_shard).options(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=0)
         env, cwd = _env(), os.getcwd()
-        refs = [task.remote(list(argv), str(d), cwd, env) for argv, d in zip(argvs, report_dirs)]
+        refs = [task.remote(list(argv), str(d), cwd, env, board, k)
+                for k, (argv, d) in enumerate(zip(argvs, report_dirs))]
         echo = ProgressEcho(report_dirs)
+
+        def hear() -> None:
+            for k, chunk in ray.get(board.said.remote()).items():
+                echo.feed(k, chunk)
+
         with _stop_signals() as signals:
             pending, told = refs, False
             while pending:
                 _, pending = ray.wait(pending, num_returns=len(pending), timeout=stopping.POLL_S)
-                echo()
+                hear()
                 if signals.first is not None and not told:
-                    for d in report_dirs:
-                        d.mkdir(parents=True, exist_ok=True)
-                        (d / STOP_FILE).write_text("")
+                    ray.get(board.stop.remote())
                     told = True
-            echo()
-            return [task_outcome(ref) for ref in refs], signals.first
+            hear()
+            return [task_outcome(ref, d) for ref, d in zip(refs, report_dirs)], signals.first
     finally:
         if started:
             ray.shutdown()
 
 
-def task_outcome(ref: Any) -> dict[str, Any]:
-    """A Ray task's outcome; one that failed in Ray (its worker died, or `run_shard` raised: a report folder
-    it cannot make on its node) is a shard that left no run folder, with the reason — the campaign still
-    merges the others, and says error, instead of losing them all in a traceback."""
+def task_outcome(ref: Any, folder: Path) -> dict[str, Any]:
+    """A Ray task's outcome, its run folder gathered into `folder` (`gathered`); one that failed in Ray (its
+    worker died, or `run_shard` raised: a report folder it cannot make on its node) or sent what cannot be
+    written here is a shard that left no run folder, with the reason — the campaign still merges the
+    others, and says error, instead of losing them all in a traceback."""
     import ray
 
     try:
-        return ray.get(ref)
+        return gathered(ray.get(ref), folder)
     except ray.exceptions.RayError as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         return outcome(None, None, f"the Ray task failed: {lines[-1] if lines else exc!r}")
+    except (OSError, ValueError, tarfile.TarError) as exc:
+        return outcome(None, None, f"the Ray task's run folder cannot be written in {folder}: {exc}")
 
 
 def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str = "local", jobs: int | None = None,
@@ -326,9 +442,8 @@ def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str =
     is missing from the merge), and the stop signal that cut the campaign short (None: none did)."""
     run_args = campaign_seed(run_args)
     dirs = [out / "shards" / str(i) for i in range(1, count + 1)]
-    for d in dirs:  # a folder used again: an earlier campaign's output is not this one's, nor its stop
+    for d in dirs:  # a folder used again: an earlier campaign's output is not this one's
         (d / CONSOLE).unlink(missing_ok=True)
-        (d / STOP_FILE).unlink(missing_ok=True)
     argvs = [shard_argv(run_args, i, count, d, per_shard[i - 1] if per_shard else ())
              for i, d in enumerate(dirs, start=1)]
     if executor == "ray":

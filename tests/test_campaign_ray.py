@@ -46,8 +46,10 @@ def test_a_ray_campaign_merges_to_the_verdict_of_its_shards_run_separately(tmp_p
     monkeypatch.chdir(REPO)
     code = cli.main(["campaign", "--shards", "4", "--ray", "--out", str(tmp_path / "ray"),
                      *_run_args(tmp_path / "db-ray")])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert code == 0, printed
+    assert all(f"shard {i}/4: 10/10 examples" in captured.err for i in range(1, 5)), captured.err  # via the board
     on_ray = json.loads((tmp_path / "ray" / "results.json").read_text())
     assert on_ray["campaign"]["count"] == 4 and len(on_ray["campaign"]["shards"]) == 4
 
@@ -135,3 +137,45 @@ def test_a_ray_task_that_fails_is_a_shard_without_a_run_folder_not_a_lost_campai
         ray.shutdown()
     assert stopped is None and outcome["run_dir"] is None and outcome["tail"].startswith("the Ray task failed:")
     assert "kvparity-shard" in outcome["tail"], outcome["tail"]
+
+
+def test_a_shard_folder_on_a_disk_the_driver_does_not_see_is_sent_back(tmp_path):
+    """A Ray cluster's nodes need not share the driver's files: a shard writes its run folder at the same
+    path on its node, and its task sends it back (`packed`), written where the driver misses it
+    (`gathered`). Here the task's side runs a real shard (`run_shard`, no Ray: its logic is under test),
+    then its folder is moved away, as if it were on another node's disk; what is gathered merges (the
+    history verified, sealed) to the shard's own verdict."""
+    from conformance.campaign import gathered, run_shard
+
+    folder = tmp_path / "out" / "shards" / "1"
+    argv = [sys.executable, "-m", "kvparity", "run", *_run_args(tmp_path / "db"), "--shard", "1/1",
+            "--report-dir", str(folder), "-q"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = run_shard(argv, str(folder), str(REPO), env)
+    assert result["exit"] == 0 and result["run_dir"], result["tail"]
+    folder.rename(tmp_path / "node-disk")  # the driver sees none of it
+    assert cli.main(["merge", result["run_dir"], "--out", str(tmp_path / "before")]) == 3
+
+    gathered(result, folder)
+    assert (folder / "console.log").is_file()
+    assert cli.main(["merge", result["run_dir"], "--out", str(tmp_path / "merged")]) == 0
+    assert "files" not in result
+
+
+@pytest.mark.parametrize("name", ["../outside.txt", "/tmp/kvparity-absolute.txt"])
+def test_what_a_shard_task_sends_cannot_write_outside_its_folder(tmp_path, name):
+    import io
+    import tarfile
+
+    from conformance.campaign import gathered
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    folder = tmp_path / "shards" / "1"
+    folder.mkdir(parents=True)
+    with pytest.raises(ValueError, match="not a file of its run folder"):
+        gathered({"exit": 0, "run_dir": None, "tail": "", "files": buffer.getvalue()}, folder)
+    assert not (tmp_path / "shards" / "outside.txt").exists() and not Path("/tmp/kvparity-absolute.txt").exists()
