@@ -47,8 +47,9 @@ BOARD_WAIT_S = 10.0  # how long a Ray shard's task waits for its campaign's answ
 
 def shard_argv(run_args: Sequence[str], index: int, count: int, report_dir: Path,
                own_args: Sequence[str] = ()) -> list[str]:
-    """The command line of shard `index` of `count`; `own_args`: its own engine arguments (K=V)."""
-    return [sys.executable, "-m", "kvparity", "run", *run_args, "--shard", f"{index}/{count}",
+    """The interpreter's arguments for shard `index` of `count` (whichever process starts it puts its own
+    Python before them: `start_shard`); `own_args`: its own engine arguments (K=V)."""
+    return ["-m", "kvparity", "run", *run_args, "--shard", f"{index}/{count}",
             *[a for kv in own_args for a in ("--shard-engine-arg", kv)], "--report-dir", str(report_dir)]
 
 
@@ -91,8 +92,7 @@ class Board:
         return {k: b"".join(chunks) for k, chunks in said.items()}
 
 
-def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str], board: Any = None,
-              index: int = 0) -> dict[str, Any]:
+def run_shard(argv: Sequence[str], report_dir: str, cwd: str, board: Any = None, index: int = 0) -> dict[str, Any]:
     """Run one shard's process to its end; its exit code, its run folder (None: it left none), the tail of
     its output, and `files`: that folder and its console as an archive (`packed`), for a driver that may
     not see this node's files. Module-level, so a Ray worker imports it by name. `board`: the campaign's
@@ -103,7 +103,7 @@ def run_shard(argv: Sequence[str], report_dir: str, cwd: str, env: dict[str, str
     if board is not None and _stopped(board):  # stopped before this task began: nothing to stop or start
         return not_started()
     before = run_folders(folder)
-    proc = start_shard(argv, folder, cwd, env)
+    proc = start_shard(argv, folder, cwd)
     stopped, sent = False, 0
     while proc.poll() is None:
         if board is not None:
@@ -185,13 +185,22 @@ def gathered(result: dict[str, Any], folder: Path) -> dict[str, Any]:
     return result
 
 
-def start_shard(argv: Sequence[str], folder: Path, cwd: str, env: dict[str, str]) -> subprocess.Popen:
-    """Start a shard's process, its output (stdout and stderr) into `folder`/console.log, asking to be
-    stopped when this process dies (`lifeline.stop_with`)."""
+def start_shard(argv: Sequence[str], folder: Path, cwd: str) -> subprocess.Popen:
+    """Start a shard's process — `python ARGV` (`shard_argv`) — its output (stdout and stderr) into
+    `folder`/console.log, asking to be stopped when this process dies (`lifeline.stop_with`).
+
+    The interpreter and environment are those of the process that starts it (`_env`): the campaign's for a
+    local shard; for a Ray shard, its task's worker — which on a cluster node is that node's Python and
+    environment, and holds what Ray set for the task, above all the devices it was given
+    (CUDA_VISIBLE_DEVICES for `--shard-gpus 1`): a shard started with the campaign's environment saw every
+    GPU of its node, and each engine took the first. The campaign's working folder is kept where the
+    node has it (relative paths in the run's arguments mean what they meant), else the shard runs in its
+    own folder."""
     folder.mkdir(parents=True, exist_ok=True)
+    where = cwd if Path(cwd).is_dir() else str(folder)
     with open(folder / CONSOLE, "w", encoding="utf-8") as console:
-        return subprocess.Popen(list(argv), cwd=cwd, env={**env, **stop_with(os.getpid())}, stdout=console,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, *argv], cwd=where, env={**_env(), **stop_with(os.getpid())},
+                                stdout=console, stderr=subprocess.STDOUT)
 
 
 def run_folders(report_dir: Path) -> set[Path]:
@@ -302,13 +311,13 @@ def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path],
     shard's supervisor then ends its run with an INTERRUPTED report — and no shard starts after it: the
     campaign waits for them all, so it leaves nothing running and loses nothing they recorded. A campaign
     killed outright takes its shards with it (`start_shard`)."""
-    env, cwd = _env(), os.getcwd()
+    cwd = os.getcwd()
     with _stop_signals() as signals:
-        return _wait_for_shards(list(enumerate(zip(argvs, report_dirs))), max(1, jobs), cwd, env, len(argvs),
+        return _wait_for_shards(list(enumerate(zip(argvs, report_dirs))), max(1, jobs), cwd, len(argvs),
                                 signals)
 
 
-def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str], count: int,
+def _wait_for_shards(waiting: list, jobs: int, cwd: str, count: int,
                      signals: stopping.StopSignals) -> tuple[list[dict[str, Any]], int | None]:
     running: dict[int, tuple[subprocess.Popen, Path, set[Path]]] = {}
     outcomes: dict[int, dict[str, Any]] = {}
@@ -328,7 +337,7 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, env: dict[str, str], co
         while waiting and len(running) < jobs:
             k, (argv, d) = waiting.pop(0)
             before = run_folders(d)
-            running[k] = (start_shard(argv, d, cwd, env), d, before)
+            running[k] = (start_shard(argv, d, cwd), d, before)
         for k, (proc, d, before) in list(running.items()):
             if proc.poll() is not None:
                 outcomes[k] = ended(proc, d, before)
@@ -394,8 +403,7 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
             refuse_infeasible(ray.cluster_resources(), num_cpus, num_gpus)
         board = ray.remote(Board).options(num_cpus=0).remote()
         task = ray.remote(run_shard).options(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=0)
-        env, cwd = _env(), os.getcwd()
-        refs = [task.remote(list(argv), str(d), cwd, env, board, k)
+        refs = [task.remote(list(argv), str(d), os.getcwd(), board, k)
                 for k, (argv, d) in enumerate(zip(argvs, report_dirs))]
         echo = ProgressEcho(report_dirs)
 

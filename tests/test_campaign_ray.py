@@ -132,7 +132,7 @@ def test_a_ray_task_that_fails_is_a_shard_without_a_run_folder_not_a_lost_campai
 
     ray.init(include_dashboard=False, log_to_driver=False)
     try:
-        [outcome], stopped = run_ray([[sys.executable, "-c", "pass"]], [Path("/proc/kvparity-shard")], 1, 0)
+        [outcome], stopped = run_ray([["-c", "pass"]], [Path("/proc/kvparity-shard")], 1, 0)
     finally:
         ray.shutdown()
     assert stopped is None and outcome["run_dir"] is None and outcome["tail"].startswith("the Ray task failed:")
@@ -148,10 +148,8 @@ def test_a_shard_folder_on_a_disk_the_driver_does_not_see_is_sent_back(tmp_path)
     from conformance.campaign import gathered, run_shard
 
     folder = tmp_path / "out" / "shards" / "1"
-    argv = [sys.executable, "-m", "kvparity", "run", *_run_args(tmp_path / "db"), "--shard", "1/1",
-            "--report-dir", str(folder), "-q"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    result = run_shard(argv, str(folder), str(REPO), env)
+    argv = ["-m", "kvparity", "run", *_run_args(tmp_path / "db"), "--shard", "1/1", "--report-dir", str(folder), "-q"]
+    result = run_shard(argv, str(folder), str(REPO))
     assert result["exit"] == 0 and result["run_dir"], result["tail"]
     folder.rename(tmp_path / "node-disk")  # the driver sees none of it
     assert cli.main(["merge", result["run_dir"], "--out", str(tmp_path / "before")]) == 3
@@ -179,3 +177,22 @@ def test_what_a_shard_task_sends_cannot_write_outside_its_folder(tmp_path, name)
     with pytest.raises(ValueError, match="not a file of its run folder"):
         gathered({"exit": 0, "run_dir": None, "tail": "", "files": buffer.getvalue()}, folder)
     assert not (tmp_path / "shards" / "outside.txt").exists() and not Path("/tmp/kvparity-absolute.txt").exists()
+
+
+def test_each_shard_gets_the_devices_ray_gave_its_task(tmp_path):
+    """`--shard-gpus 1`: Ray gives each task a GPU of its own (CUDA_VISIBLE_DEVICES in the task's worker);
+    the shard must see that one. It was started with the campaign's environment, so it saw every GPU of
+    its node and each engine took the first. Two logical GPUs on this CPU machine: the assignment is
+    Ray's, real, without the hardware."""
+    import ray
+
+    from conformance.campaign import run_ray
+
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        show = ["-c", "import os; print('devices', os.environ.get('CUDA_VISIBLE_DEVICES'))"]
+        outcomes, stopped = run_ray([show, show], [tmp_path / "1", tmp_path / "2"], 1, 1)
+    finally:
+        ray.shutdown()
+    seen = sorted(o["tail"].split()[-1] for o in outcomes)
+    assert stopped is None and seen == ["0", "1"], [o["tail"] for o in outcomes]

@@ -266,8 +266,7 @@ def test_a_shard_task_reports_only_the_run_folder_its_shard_made(tmp_path, makes
     (folder / "fake" / "20200101-000000" / "history.jsonl").write_text("")
     new = folder / "fake" / "20990101-000000"
     script = f"import pathlib; p = pathlib.Path({str(new)!r}); p.mkdir(); (p / 'history.jsonl').write_text('')"
-    outcome = run_shard([sys.executable, "-c", script if makes else "raise SystemExit(3)"], str(folder),
-                        str(tmp_path), dict(os.environ))
+    outcome = run_shard(["-c", script if makes else "raise SystemExit(3)"], str(folder), str(tmp_path))
     assert outcome["exit"] == (0 if makes else 3) and outcome["run_dir"] == (str(new) if makes else None)
 
 
