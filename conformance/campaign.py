@@ -408,8 +408,9 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
         echo = ProgressEcho(report_dirs)
 
         def hear() -> None:
-            for k, chunk in ray.get(board.said.remote()).items():
-                echo.feed(k, chunk)
+            with contextlib.suppress(ray.exceptions.RayError):  # progress only; a lost board stops the tasks
+                for k, chunk in ray.get(board.said.remote()).items():
+                    echo.feed(k, chunk)
 
         with _stop_signals() as signals:
             pending, told = refs, False
@@ -417,7 +418,8 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
                 _, pending = ray.wait(pending, num_returns=len(pending), timeout=stopping.POLL_S)
                 hear()
                 if signals.first is not None and not told:
-                    ray.get(board.stop.remote())
+                    with contextlib.suppress(ray.exceptions.RayError):  # a lost board: each task stops on its own
+                        ray.get(board.stop.remote())
                     told = True
             hear()
             return [task_outcome(ref, d) for ref, d in zip(refs, report_dirs)], signals.first

@@ -196,3 +196,35 @@ def test_each_shard_gets_the_devices_ray_gave_its_task(tmp_path):
         ray.shutdown()
     seen = sorted(o["tail"].split()[-1] for o in outcomes)
     assert stopped is None and seen == ["0", "1"], [o["tail"] for o in outcomes]
+
+
+def test_a_shard_whose_campaign_board_is_lost_is_stopped_with_a_report(tmp_path):
+    """The campaign's `Board` gone (its driver died, and the actor with it): the task cannot hear a stop any
+    more, so it stops its shard as a stopped campaign would (SIGTERM: an INTERRUPTED report), rather than
+    drive the engine on with no one to merge it. Run here in-process against a real actor, killed mid-run."""
+    import threading
+
+    import ray
+
+    from conformance.campaign import Board, run_shard
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        board = ray.remote(Board).remote()
+        folder = tmp_path / "1"
+        argv = ["-m", "kvparity", "run", "--engine", ENGINE, "--profile", "nightly", "--max-examples", "100000",
+                "--no-shrink", "--database", str(tmp_path / "db"), "--shard", "1/1", "--report-dir", str(folder)]
+        result: dict = {}
+        worker = threading.Thread(target=lambda: result.update(run_shard(argv, str(folder), str(REPO), board, 0)))
+        worker.start()
+        for _ in range(600):
+            if any('"event":"example"' in p.read_text() for p in folder.glob("*/*/history.jsonl")):
+                break
+            worker.join(0.1)
+        ray.kill(board)
+        worker.join(120)
+    finally:
+        ray.shutdown()
+    assert not worker.is_alive() and result["exit"] == 143, result.get("tail")
+    history = Path(result["run_dir"]) / "history.jsonl"
+    assert '"event":"interrupted"' in history.read_text()
