@@ -82,7 +82,7 @@ def test_a_ray_address_that_takes_no_connection_is_refused_before_any_shard(tmp_
 
 @pytest.mark.parametrize("form", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "auto"])
 def test_a_ray_address_that_takes_a_connection_or_is_rays_own_word_passes_the_check(form):
-    from conformance.campaign import check_ray_address
+    from conformance.campaign_ray import check_ray_address
     import socket
 
     with socket.socket() as listening:
@@ -114,7 +114,7 @@ def test_a_shard_asking_more_than_this_machine_has_is_refused_not_queued_for_eve
 
 
 def test_what_a_runtime_has_bounds_what_a_shard_may_ask():
-    from conformance.campaign import refuse_infeasible
+    from conformance.campaign_ray import refuse_infeasible
     from conformance.contract import UsageError
 
     refuse_infeasible({"CPU": 2.0, "GPU": 1.0}, 2, 1)  # all of it: feasible
@@ -128,7 +128,7 @@ def test_a_ray_task_that_fails_is_a_shard_without_a_run_folder_not_a_lost_campai
     (a program driving campaigns in-process), which the campaign uses as it is."""
     import ray
 
-    from conformance.campaign import run_ray
+    from conformance.campaign_ray import run_ray
 
     ray.init(include_dashboard=False, log_to_driver=False)
     try:
@@ -145,7 +145,7 @@ def test_a_shard_folder_on_a_disk_the_driver_does_not_see_is_sent_back(tmp_path)
     (`gathered`). Here the task's side runs a real shard (`run_shard`, no Ray: its logic is under test),
     then its folder is moved away, as if it were on another node's disk; what is gathered merges (the
     history verified, sealed) to the shard's own verdict."""
-    from conformance.campaign import gathered, run_shard
+    from conformance.campaign_ray import gathered, run_shard
 
     folder = tmp_path / "out" / "shards" / "1"
     argv = ["-m", "kvparity", "run", *_run_args(tmp_path / "db"), "--shard", "1/1", "--report-dir", str(folder), "-q"]
@@ -165,7 +165,7 @@ def test_what_a_shard_task_sends_cannot_write_outside_its_folder(tmp_path, name)
     import io
     import tarfile
 
-    from conformance.campaign import gathered
+    from conformance.campaign_ray import gathered
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -186,7 +186,7 @@ def test_each_shard_gets_the_devices_ray_gave_its_task(tmp_path):
     Ray's, real, without the hardware."""
     import ray
 
-    from conformance.campaign import run_ray
+    from conformance.campaign_ray import run_ray
 
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -206,7 +206,7 @@ def test_a_shard_whose_campaign_board_is_lost_is_stopped_with_a_report(tmp_path)
 
     import ray
 
-    from conformance.campaign import Board, run_shard
+    from conformance.campaign_ray import Board, run_shard
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:

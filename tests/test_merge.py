@@ -259,7 +259,7 @@ def test_a_campaign_into_a_used_folder_is_judged_on_its_own_shards_alone(tmp_pat
 def test_a_shard_task_reports_only_the_run_folder_its_shard_made(tmp_path, makes):
     """The Ray task's side (`run_shard`), with a FAKE shard process (a Python one-liner): an older run folder
     in the shard's folder is never reported as this shard's; the one it made is."""
-    from conformance.campaign import run_shard
+    from conformance.campaign_ray import run_shard
 
     folder = tmp_path / "shards" / "1"
     (folder / "fake" / "20200101-000000").mkdir(parents=True)

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The campaign's own options; everything else is `kvparity run`'s, checked here by its parser."""
-    from conformance.campaign import check_ray_address, per_shard_engine_args
+    from conformance.campaign import per_shard_engine_args
+    from conformance.campaign_ray import check_ray_address
     from conformance.engines import parse_engine_args
     from kvparity.commands.run import build_parser as run_parser
 
