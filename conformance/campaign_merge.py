@@ -27,14 +27,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+import attrs
 from attrs import define, field
 
 from conformance import known
-from conformance.analysis import Analysis, analyse
+from conformance.analysis import Analysis, analyse, select_checks
+from conformance.checks import CHECKS
 from conformance.contract import UsageError
 from conformance.history import History, HistoryBuilder
 from conformance.history_chain import VERIFIED
 from conformance.shards import Shard, shard_of
+from conformance.verdicts import combine
 
 # What every shard of one campaign must have recorded alike in its run_start.
 SAME = ("engine", "engine_args", "profile", "checks", "capabilities", "known")
@@ -154,6 +157,29 @@ def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int,
     return h, ranges
 
 
+def judged(history: History, ranges: Sequence[tuple[int, int]], checks: Sequence[str] | None) -> Analysis:
+    """The campaign's analysis: each shard's examples judged as its own run judged them, the run-scoped
+    checks over all of them (coverage summed), the failures of every shard kept side by side.
+
+    Judged as one run, a check kept one failure per title across all shards — the last shard's — as a run
+    keeps the last failure of a check (its shrunk witness). A shard's new bug was then displaced by a
+    later shard's failure of the same check: measured, shard 1 FAILing on a bug of its own and shard 2
+    PASSing on a known one merged to PASS (exit 0). Now the merge holds every failure any shard reported,
+    and findings are folded by signature, across shards, when they are grouped."""
+    chosen = select_checks(checks)
+    scoped = [n for n in chosen if CHECKS[n].scope != "run"]
+    if not ranges or not scoped:
+        return analyse(history, chosen)
+    run_scoped = [n for n in chosen if n not in scoped]
+    parts = [analyse(attrs.evolve(history, examples=history.examples[first:last]), scoped) for first, last in ranges]
+    out = analyse(history, run_scoped) if run_scoped else Analysis(errors=list(parts[0].errors))
+    for name in scoped:
+        results = [p.checks[name] for p in parts]
+        out.checks[name] = attrs.evolve(combine(name, results), failures=[f for r in results for f in r.failures])
+    out.checks = {name: out.checks[name] for name in chosen}  # in the order the run lists them
+    return out
+
+
 def renumbered(example: dict[str, Any], first: int) -> dict[str, Any]:
     """A shard's `example` event as example `first` + its own index of the campaign, with the examples its
     probes re-send (`alone`, `kin`, `rebatch`: conformance.alone) moved with it. They had kept the shard's
@@ -179,8 +205,8 @@ def merge(run_dirs: Sequence[Path]) -> tuple[History, Analysis, dict[str, Any]]:
     runs = [read_shard(Path(d)) for d in run_dirs]
     problems, count = campaign_problems(runs)
     history, ranges = combined_history(runs)
-    checks = history.meta.get("checks") or None
-    analysis = known.apply(history, analyse(history, checks))
+    analysis = known.apply(history, judged(history, [(first, last) for first, last, _ in ranges],
+                                           history.meta.get("checks") or None))
     analysis.errors[:0] = [p for r in runs for p in r.problems] + problems
     block = {"count": count, "campaign_seed": history.meta["campaign"]["campaign_seed"],
              "given": [str(r.run_dir) for r in runs],
