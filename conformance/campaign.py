@@ -20,21 +20,16 @@ nightly) the campaign draws it once and gives it to every shard, so the campaign
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from conformance import stopping
-from conformance.lifeline import stop_with
-
-TAIL_CHARS = 2000  # what a shard's output is kept of, for the campaign's console
-CONSOLE = "console.log"  # a shard's whole output, beside its run folder
-NOT_STARTED = "not started: the campaign was stopped"
+from conformance.campaign_ray import run_ray
+from conformance.shard_process import CONSOLE, ProgressEcho, ended, not_started, run_folders, start_shard, stop_signals
 
 
 def shard_argv(run_args: Sequence[str], index: int, count: int, report_dir: Path,
@@ -61,50 +56,6 @@ def per_shard_engine_args(specs: Sequence[str], count: int) -> list[list[str]]:
     return per_shard
 
 
-def start_shard(argv: Sequence[str], folder: Path, cwd: str) -> subprocess.Popen:
-    """Start a shard's process — `python ARGV` (`shard_argv`) — its output (stdout and stderr) into
-    `folder`/console.log, asking to be stopped when this process dies (`lifeline.stop_with`).
-
-    The interpreter and environment are those of the process that starts it (`_env`): the campaign's for a
-    local shard; for a Ray shard, its task's worker — which on a cluster node is that node's Python and
-    environment, and holds what Ray set for the task, above all the devices it was given
-    (CUDA_VISIBLE_DEVICES for `--shard-gpus 1`): a shard started with the campaign's environment saw every
-    GPU of its node, and each engine took the first. The campaign's working folder is kept where the
-    node has it (relative paths in the run's arguments mean what they meant), else the shard runs in its
-    own folder."""
-    folder.mkdir(parents=True, exist_ok=True)
-    where = cwd if Path(cwd).is_dir() else str(folder)
-    with open(folder / CONSOLE, "w", encoding="utf-8") as console:
-        return subprocess.Popen([sys.executable, *argv], cwd=where, env={**_env(), **stop_with(os.getpid())},
-                                stdout=console, stderr=subprocess.STDOUT)
-
-
-def run_folders(report_dir: Path) -> set[Path]:
-    """The run folders (`<engine>/<time>/`) under a shard's report folder."""
-    return {p.parent for p in report_dir.glob("*/*/history.jsonl")}
-
-
-def ended(proc: subprocess.Popen, folder: Path, before: set[Path]) -> dict[str, Any]:
-    """The outcome of a shard whose process has ended: its exit code, console.log, and the run folder it
-    made — one not in `folder` before it started (`before`). A folder used again (a nightly campaign into
-    the same --out) holds earlier campaigns' runs: a shard that made none this time is missing from the
-    merge, never stood in for by an older run of the same shard."""
-    made = sorted(run_folders(folder) - before)
-    return outcome(proc.returncode, str(made[-1]) if made else None,
-                   (folder / CONSOLE).read_text(encoding="utf-8", errors="replace"))
-
-
-def not_started() -> dict[str, Any]:
-    """The outcome of a shard the campaign did not start (it was stopped first): no run folder."""
-    return outcome(None, None, NOT_STARTED)
-
-
-def outcome(code: int | None, run_dir: str | None, output: str) -> dict[str, Any]:
-    """A shard's outcome, however it ended: its exit code (None: it never ran to one), the run folder it made
-    (None: missing from the merge) and the tail of its output."""
-    return {"exit": code, "run_dir": run_dir, "tail": output[-TAIL_CHARS:]}
-
-
 def campaign_seed(run_args: Sequence[str]) -> list[str]:
     """`run_args` with a `--seed` every shard shares: the one given, else one drawn here, unless the
     profile is derandomised (ci), whose shards derive their seeds from the shard alone."""
@@ -123,58 +74,6 @@ def option(run_args: Sequence[str], name: str) -> str | None:
         if arg.startswith(name + "="):
             return arg.split("=", 1)[1]
     return None
-
-
-def _env() -> dict[str, str]:
-    """The shards' environment: this one, with this process's import path, so a shard imports the same
-    kvparity (and the same adapters) as the campaign that started it."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-    return env
-
-
-class ProgressEcho:
-    """Each shard's progress lines (`kvparity: N/M examples, ...`: conformance.progress), as they reach its
-    console, on the campaign's stderr with the shard named: a campaign runs for hours, and one that prints
-    nothing until it ends cannot be told from one that hangs. Called, it reads what is new in each shard's
-    console.log (local shards); a Ray campaign `feed`s it what the shards' tasks passed on instead."""
-
-    def __init__(self, report_dirs: Sequence[Path]) -> None:
-        self.report_dirs = list(report_dirs)
-        self.offsets = [0] * len(self.report_dirs)
-        self.partial = [""] * len(self.report_dirs)
-
-    def __call__(self) -> None:
-        for k, folder in enumerate(self.report_dirs):
-            try:
-                with open(folder / CONSOLE, "rb") as console:
-                    console.seek(self.offsets[k])
-                    chunk = console.read()
-            except OSError:  # not started yet
-                continue
-            self.offsets[k] += len(chunk)
-            self.feed(k, chunk)
-
-    def feed(self, k: int, chunk: bytes) -> None:
-        """Shard k's output that followed what it was fed before: its whole progress lines echoed."""
-        *lines, self.partial[k] = (self.partial[k] + chunk.decode("utf-8", errors="replace")).split("\n")
-        for line in lines:
-            if line.startswith("kvparity: ") and " examples" in line:
-                print(f"shard {k + 1}/{len(self.report_dirs)}: {line[len('kvparity: '):]}", file=sys.stderr,
-                      flush=True)
-
-
-@contextlib.contextmanager
-def stop_signals() -> Iterator[stopping.StopSignals]:
-    """Within: Ctrl-C, SIGTERM and SIGHUP to the campaign are recorded for it to pass on to its shards, in
-    place of whatever handled them — a Ray driver's own handler dumps a stack trace and exits 1 on SIGTERM,
-    which reads as FAIL. The handlers before come back after (conformance.stopping.StopSignals)."""
-    signals = stopping.StopSignals()
-    try:
-        yield signals
-    finally:
-        signals.restore()
 
 
 def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path],
@@ -236,8 +135,6 @@ def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str =
     argvs = [shard_argv(run_args, i, count, d, per_shard[i - 1] if per_shard else ())
              for i, d in enumerate(dirs, start=1)]
     if executor == "ray":
-        from conformance.campaign_ray import run_ray
-
         outcomes, stopped = run_ray(argvs, dirs, num_cpus, num_gpus, address)
     else:
         outcomes, stopped = run_local(argvs, dirs, jobs or min(count, os.cpu_count() or 1))

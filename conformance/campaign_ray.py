@@ -4,7 +4,7 @@ Each shard asks for what its engine needs (`--shard-gpus 1`), and Ray places it 
 node need not see the driver's files: the shard writes at the same path on its node, its task sends back
 what it wrote (its run folder and console: `packed`), and the driver writes it where missing
 (`gathered`). The stop and the progress lines go through a small actor (`Board`), not through files.
-The shard runs with its task worker's Python and environment (conformance.campaign.start_shard), so it
+The shard runs with its task worker's Python and environment (conformance.shard_process.start_shard), so it
 sees the devices Ray gave the task.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from conformance import stopping
-from conformance.campaign import (CONSOLE, ProgressEcho, ended, not_started, outcome, run_folders, start_shard,
-                                  stop_signals)
+from conformance.shard_process import (CONSOLE, ProgressEcho, ended, not_started, outcome, run_folders, start_shard,
+                                       stop_signals)
 
 BOARD_WAIT_S = 10.0  # how long a Ray shard's task waits for its campaign's answer before asking again
 
