@@ -61,8 +61,10 @@ class HistoryWriter:
     boundaries and errors: fsync per line cost more than the fake engine's whole run; a `submit` is flushed,
     which is all a process that dies needs — fsync guards against the machine dying).
 
-    `events` mirrors what was written, already normalised through JSON, so analysing in memory and
-    analysing the file on disk see exactly the same data. Numbers must be finite (`allow_nan=False`):
+    Each event, already normalised through JSON (so analysing in memory and analysing the file on disk see
+    exactly the same data), goes to `sink` — by default `events`, a list. A run gives its own sink (the
+    History it checks grows as events are written) and `events` stays empty: a second copy of every event,
+    as parsed JSON, was half of a long run's memory. Numbers must be finite (`allow_nan=False`):
     NaN is not JSON. After a failed write the file is left as it is (everything before the failure is
     kept) and later events are kept in memory only, so the run can still say what it saw.
     """
@@ -71,8 +73,9 @@ class HistoryWriter:
                  sink: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = Path(path) if path is not None else None
         self.fsync = fsync
-        self.sink = sink  # e.g. HistoryBuilder.feed: the run's History grows as events are written
         self.events: list[dict[str, Any]] = []
+        self.sink = sink or self.events.append
+        self.written = 0  # events appended so far (the seal counts them)
         self.write_error: str | None = None
         self._chain = GENESIS  # the last event's chain value
         self._fh = None
@@ -82,13 +85,12 @@ class HistoryWriter:
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         if event == "run_end":  # the seal: how many events it closes, and the last one's chain value
-            fields = {**fields, "events": len(self.events), "sealed": self._chain}
+            fields = {**fields, "events": self.written, "sealed": self._chain}
         body = json.dumps({"event": event, **fields}, separators=(",", ":"), allow_nan=False, default=json_default)
         line, self._chain = chained_line(self._chain, body)
         record = json.loads(line)
-        self.events.append(record)
-        if self.sink is not None:
-            self.sink(record)
+        self.written += 1
+        self.sink(record)
         if self._fh is not None:
             try:
                 self._fh.write(line + "\n")

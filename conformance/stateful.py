@@ -84,13 +84,17 @@ def session_machine(engine: Engine, checks: Sequence[str] | None = None, writer:
             # This session's History, complete as it grows: the run's claims, the baselines memoized
             # across sessions, and the events written from here on.
             self.builder = HistoryBuilder(caps, oracle.cache)
-            writer.sink = self.builder.feed
+            writer.sink = self._record  # the writer's own list keeps every session's events too
             self.session = next(sessions)
             self._engine(lambda: self.runner.begin(self.session))
             self.config: dict[str, Any] = {}
             if caps.config_space and engine_config["current"] != {}:
                 self._configure({})
             self.stream: Stream | None = None
+
+        def _record(self, event: dict[str, Any]) -> None:
+            writer.events.append(event)
+            self.builder.feed(event)
 
         @initialize(data=st.data())
         def start(self, data: st.DataObject) -> None:

@@ -227,3 +227,20 @@ def test_the_writer_chains_every_line_and_seals_run_end(tmp_path):
     assert all(len(e["chain"]) == 64 for e in events)
     assert events[-1]["events"] == 2 and events[-1]["sealed"] == events[1]["chain"]
     assert verify(events).status == VERIFIED and verify(events).sound
+
+
+def test_a_writer_with_a_sink_hands_each_event_over_once_and_still_seals_them_all(tmp_path):
+    """A run's writer feeds its History through a sink; a second copy of every event in `events` (parsed
+    JSON) was half of a long run's live memory. The seal counts every event written either way."""
+    from conformance.history import HistoryWriter, read_events
+    from conformance.history_chain import VERIFIED, verify
+
+    taken: list[dict] = []
+    w = HistoryWriter(tmp_path / "history.jsonl", sink=taken.append)
+    w.append("run_start", engine="e")
+    w.append("example", index=0)
+    w.append("run_end", examples=1, duration_s=0.1)
+    w.close()
+    events, _ = read_events(tmp_path / "history.jsonl")
+    assert taken == events and w.events == []
+    assert events[-1]["events"] == 2 and verify(events).status == VERIFIED
