@@ -207,6 +207,23 @@ def test_an_unsealed_legacy_history_makes_the_campaign_error(runs, tmp_path, cap
     assert code == 3 and any("legacy" in e for e in merged["errors"]), merged["errors"]
 
 
+def test_a_shard_whose_process_died_after_its_verdict_makes_the_campaign_error(runs, tmp_path, capsys):
+    """The supervisor writes how a dead run's process ended into its report, not its history (which is
+    complete and sealed): judged from the history alone, the shard merged as PASS, the campaign exit 0."""
+    from conformance.supervisor import _answer_for_dead_child
+
+    two = _copy(runs["2"], tmp_path / "two")
+    assert _answer_for_dead_child("run", -9, {"run_dir": str(two), "verdict": 0}) == 3
+    capsys.readouterr()
+    assert _results(two)["verdict"] == "error"
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["1"], two)
+    assert code == 3 and merged["verdict"] == "error", printed
+    assert any("shard 2/2" in e and "killed by SIGKILL after its verdict" in e for e in merged["errors"]), \
+        merged["errors"]
+    code, merged, _ = _merge(capsys, tmp_path / "clean", runs["1"], runs["2"])  # its sound self: no error
+    assert code == 0 and merged["errors"] == []
+
+
 def test_the_merged_report_never_goes_into_a_shard(runs, capsys):
     code = cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", str(runs["1"])])
     err = capsys.readouterr().err
