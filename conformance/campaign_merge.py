@@ -10,7 +10,8 @@ never ran leaves no folder to be the worst of. So the merge works from the evide
   whose engine failed (its `error` events, named by shard), or whose own results.json records an error its
   history does not (a process that died after its verdict: `reported_apart`);
 - the folders must be one campaign's: each records its shard (i/n) in `run_start`, all with the same n,
-  engine, engine arguments, profile, checks, capabilities and campaign seed, each index once; a shard
+  engine, engine arguments, profile, checks, capabilities, known findings (and `--strict-known`) and
+  campaign seed, each index once; a shard
   of the n declared that is not given is *missing*, and the campaign is `error`;
 - the shards' examples are judged as one run's: joined in shard order into one History (examples
   renumbered), each example-scoped check over each example as the run judged it, and the run-scoped
@@ -40,8 +41,10 @@ from conformance.history_chain import VERIFIED
 from conformance.shards import Shard, shard_of
 from conformance.verdicts import combine
 
-# What every shard of one campaign must have recorded alike in its run_start.
-SAME = ("engine", "engine_args", "profile", "checks", "capabilities", "known")
+# What every shard of one campaign must have recorded alike in its run_start. `strict_known` too: the merge
+# judges the known findings as the first shard recorded them, so a shard run `--strict-known` (FAIL: a
+# stale file) beside a first shard without it merged to PASS.
+SAME = ("engine", "engine_args", "profile", "checks", "capabilities", "known", "strict_known")
 
 
 @define

@@ -17,7 +17,8 @@ from kvparity import cli
 
 
 def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: str = "fake",
-           shrink: bool = False, engine_args: dict | None = None, own: tuple = (), known: list | None = None) -> Path:
+           shrink: bool = False, engine_args: dict | None = None, own: tuple = (), known: list | None = None,
+           strict: bool = False) -> Path:
     from conformance.run_config import RunConfig
     from conformance.runner import run_suite
     from fake_engine import FakeDictEngine
@@ -26,7 +27,7 @@ def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: 
     run_dir.mkdir()
     config = RunConfig(engine_name=engine, profile="ci", run_dir=run_dir, database_dir=root / f"db-{name}",
                        max_examples=6, shrink=shrink, shard=parse_shard(shard, own) if shard else None,
-                       engine_args=engine_args or {}, known_findings=known)
+                       engine_args=engine_args or {}, known_findings=known, strict_known=strict)
     run_suite(FakeDictEngine(bug=bug), config)
     return run_dir
 
@@ -174,6 +175,20 @@ def test_an_errored_repeated_foreign_or_unsharded_shard_makes_the_campaign_error
 def _copy(run_dir: Path, to: Path) -> Path:
     shutil.copytree(run_dir, to)
     return to
+
+
+def test_shards_that_differ_in_strict_known_are_not_one_campaign(tmp_path, capsys):
+    """The merge judged the known findings as shard 1 recorded them: a correct engine whose known finding is
+    fixed, shard 1 given the file alone and shard 2 `--strict-known` (its own verdict FAIL, a stale file),
+    merged to PASS, exit 0; the other way round, FAIL."""
+    known = [{"signature": "4f7a74825d6a", "check": "isolation", "mechanism": "cross-identity reuse",
+              "title": "cached tokens served across identities", "upstream": "", "note": ""}]
+    one = _shard(tmp_path, "one", "1/2", known=known)
+    two = _shard(tmp_path, "two", "2/2", known=known, strict=True)
+    assert (_results(one)["verdict"], _results(two)["verdict"]) == ("pass", "fail")
+    code, merged, printed = _merge(capsys, tmp_path / "m", one, two)
+    assert code == 3 and merged["verdict"] == "error", printed
+    assert any("strict_known" in e and "not one campaign" in e for e in merged["errors"]), merged["errors"]
 
 
 def test_a_tampered_history_makes_the_campaign_error(runs, tmp_path, capsys):
