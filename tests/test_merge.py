@@ -245,6 +245,24 @@ def test_the_merged_report_never_goes_into_a_shard(runs, capsys):
     assert code == 3 and len(err.strip().splitlines()) == 1 and "--out" in err
 
 
+@pytest.mark.parametrize("inside", ["", "merged"])
+def test_the_merged_report_never_goes_into_any_run_folder(runs, tmp_path, capsys, inside):
+    """Not a shard's, nor another run's: `--out` onto a FAILing run folder had replaced its results.json and
+    junit.xml with the campaign's PASS and deleted its witnesses (exit 0); inside one, it wrote among them."""
+    other = _copy(runs["leak-1"], tmp_path / "other")
+    before = {p.relative_to(other): p.read_bytes() for p in other.rglob("*") if p.is_file()}
+    assert any(p.parts[0] == "witnesses" for p in before)
+    code = cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", str(other / inside)])
+    err = capsys.readouterr().err
+    assert code == 3 and len(err.strip().splitlines()) == 1 and "run folder" in err, err
+    assert {p.relative_to(other): p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
+    code = cli.main(["campaign", "--shards", "2", "--out", str(other / inside), "--engine",
+                     "tests.fake_engine:FakeDictEngine", "--profile", "ci", "--max-examples", "2"])
+    err = capsys.readouterr().err
+    assert code == 3 and len(err.strip().splitlines()) == 1 and "run folder" in err, err
+    assert {p.relative_to(other): p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
+
+
 def test_a_local_campaign_runs_its_shards_and_merges_them(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
     code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine",

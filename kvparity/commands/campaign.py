@@ -50,7 +50,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     from conformance.engines import parse_engine_args
     from kvparity.commands.run import build_parser as run_parser
 
+    from kvparity.commands.merge import refuse_run_folder
+
     args, rest = build_parser().parse_known_args(argv)
+    refuse_run_folder(Path(args.out))  # before any shard runs: the merge goes there
     for option in SET_BY_CAMPAIGN:
         if any(a == option or a.startswith(option + "=") for a in rest):
             raise UsageError(f"{option} is set by the campaign for each shard; leave it out")
