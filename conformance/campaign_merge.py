@@ -7,9 +7,11 @@ never ran leaves no folder to be the worst of. So the merge works from the evide
 - every folder's history is verified (conformance.history_chain, as `kvparity report` does): a history
   that is edited, cut, unchained (legacy: nothing seals it) or not the one its results.json was judged
   on makes the campaign `error`; so does a shard that did not finish (no `run_end`, interrupted) or
-  whose engine failed (its `error` events, named by shard);
+  whose engine failed (its `error` events, named by shard), or whose own results.json records an error its
+  history does not (a process that died after its verdict: `reported_apart`);
 - the folders must be one campaign's: each records its shard (i/n) in `run_start`, all with the same n,
-  engine, engine arguments, profile, checks, capabilities and campaign seed, each index once; a shard
+  engine, engine arguments, profile, checks, capabilities, known findings (and `--strict-known`) and
+  campaign seed, each index once; a shard
   of the n declared that is not given is *missing*, and the campaign is `error`;
 - the shards' examples are judged as one run's: joined in shard order into one History (examples
   renumbered), each example-scoped check over each example as the run judged it, and the run-scoped
@@ -39,8 +41,10 @@ from conformance.history_chain import VERIFIED
 from conformance.shards import Shard, shard_of
 from conformance.verdicts import combine
 
-# What every shard of one campaign must have recorded alike in its run_start.
-SAME = ("engine", "engine_args", "profile", "checks", "capabilities", "known")
+# What every shard of one campaign must have recorded alike in its run_start. `strict_known` too: the merge
+# judges the known findings as the first shard recorded them, so a shard run `--strict-known` (FAIL: a
+# stale file) beside a first shard without it merged to PASS.
+SAME = ("engine", "engine_args", "profile", "checks", "capabilities", "known", "strict_known")
 
 
 @define
@@ -81,7 +85,25 @@ def read_shard(run_dir: Path) -> ShardRun:
         run.shard, run.campaign_seed = found
     if history.incomplete():
         run.problems.append(f"{run.name}: {history.incomplete()}")
+    run.problems += [f"{run.name}: {e}" for e in reported_apart(run.run_dir, history)]
     return run
+
+
+def reported_apart(run_dir: Path, history: History) -> list[str]:
+    """The errors the shard's own results.json records and its history does not hold. A run whose process
+    died after its verdict (killed, or ended by its engine at exit) has a complete, sealed history: its
+    supervisor says how the process ended in the report it writes again (`process`, an error), never in
+    the history. Judged from the history alone, such a shard, `error` in its own report, merged as PASS
+    (the campaign exit 0)."""
+    from conformance.untrusted import read_json
+
+    try:
+        data = read_json(run_dir / "results.json", "results.json")
+        said = [*(data.get("errors") or []), data.get("process")]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
+    held = set(history.errors) | {history.incomplete()}
+    return list(dict.fromkeys(e for e in said if isinstance(e, str) and e and e not in held))
 
 
 def campaign_problems(runs: Sequence[ShardRun]) -> tuple[list[str], int | None]:

@@ -17,7 +17,8 @@ from kvparity import cli
 
 
 def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: str = "fake",
-           shrink: bool = False, engine_args: dict | None = None, own: tuple = (), known: list | None = None) -> Path:
+           shrink: bool = False, engine_args: dict | None = None, own: tuple = (), known: list | None = None,
+           strict: bool = False) -> Path:
     from conformance.run_config import RunConfig
     from conformance.runner import run_suite
     from fake_engine import FakeDictEngine
@@ -26,7 +27,7 @@ def _shard(root: Path, name: str, shard: str | None, bug: str = "none", engine: 
     run_dir.mkdir()
     config = RunConfig(engine_name=engine, profile="ci", run_dir=run_dir, database_dir=root / f"db-{name}",
                        max_examples=6, shrink=shrink, shard=parse_shard(shard, own) if shard else None,
-                       engine_args=engine_args or {}, known_findings=known)
+                       engine_args=engine_args or {}, known_findings=known, strict_known=strict)
     run_suite(FakeDictEngine(bug=bug), config)
     return run_dir
 
@@ -176,6 +177,20 @@ def _copy(run_dir: Path, to: Path) -> Path:
     return to
 
 
+def test_shards_that_differ_in_strict_known_are_not_one_campaign(tmp_path, capsys):
+    """The merge judged the known findings as shard 1 recorded them: a correct engine whose known finding is
+    fixed, shard 1 given the file alone and shard 2 `--strict-known` (its own verdict FAIL, a stale file),
+    merged to PASS, exit 0; the other way round, FAIL."""
+    known = [{"signature": "4f7a74825d6a", "check": "isolation", "mechanism": "cross-identity reuse",
+              "title": "cached tokens served across identities", "upstream": "", "note": ""}]
+    one = _shard(tmp_path, "one", "1/2", known=known)
+    two = _shard(tmp_path, "two", "2/2", known=known, strict=True)
+    assert (_results(one)["verdict"], _results(two)["verdict"]) == ("pass", "fail")
+    code, merged, printed = _merge(capsys, tmp_path / "m", one, two)
+    assert code == 3 and merged["verdict"] == "error", printed
+    assert any("strict_known" in e and "not one campaign" in e for e in merged["errors"]), merged["errors"]
+
+
 def test_a_tampered_history_makes_the_campaign_error(runs, tmp_path, capsys):
     two = _copy(runs["2"], tmp_path / "two")
     lines = (two / "history.jsonl").read_text().splitlines()
@@ -207,10 +222,45 @@ def test_an_unsealed_legacy_history_makes_the_campaign_error(runs, tmp_path, cap
     assert code == 3 and any("legacy" in e for e in merged["errors"]), merged["errors"]
 
 
+def test_a_shard_whose_process_died_after_its_verdict_makes_the_campaign_error(runs, tmp_path, capsys):
+    """The supervisor writes how a dead run's process ended into its report, not its history (which is
+    complete and sealed): judged from the history alone, the shard merged as PASS, the campaign exit 0."""
+    from conformance.supervisor import _answer_for_dead_child
+
+    two = _copy(runs["2"], tmp_path / "two")
+    assert _answer_for_dead_child("run", -9, {"run_dir": str(two), "verdict": 0}) == 3
+    capsys.readouterr()
+    assert _results(two)["verdict"] == "error"
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["1"], two)
+    assert code == 3 and merged["verdict"] == "error", printed
+    assert any("shard 2/2" in e and "killed by SIGKILL after its verdict" in e for e in merged["errors"]), \
+        merged["errors"]
+    code, merged, _ = _merge(capsys, tmp_path / "clean", runs["1"], runs["2"])  # its sound self: no error
+    assert code == 0 and merged["errors"] == []
+
+
 def test_the_merged_report_never_goes_into_a_shard(runs, capsys):
     code = cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", str(runs["1"])])
     err = capsys.readouterr().err
     assert code == 3 and len(err.strip().splitlines()) == 1 and "--out" in err
+
+
+@pytest.mark.parametrize("inside", ["", "merged"])
+def test_the_merged_report_never_goes_into_any_run_folder(runs, tmp_path, capsys, inside):
+    """Not a shard's, nor another run's: `--out` onto a FAILing run folder had replaced its results.json and
+    junit.xml with the campaign's PASS and deleted its witnesses (exit 0); inside one, it wrote among them."""
+    other = _copy(runs["leak-1"], tmp_path / "other")
+    before = {p.relative_to(other): p.read_bytes() for p in other.rglob("*") if p.is_file()}
+    assert any(p.parts[0] == "witnesses" for p in before)
+    code = cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", str(other / inside)])
+    err = capsys.readouterr().err
+    assert code == 3 and len(err.strip().splitlines()) == 1 and "run folder" in err, err
+    assert {p.relative_to(other): p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
+    code = cli.main(["campaign", "--shards", "2", "--out", str(other / inside), "--engine",
+                     "tests.fake_engine:FakeDictEngine", "--profile", "ci", "--max-examples", "2"])
+    err = capsys.readouterr().err
+    assert code == 3 and len(err.strip().splitlines()) == 1 and "run folder" in err, err
+    assert {p.relative_to(other): p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
 
 
 def test_a_local_campaign_runs_its_shards_and_merges_them(tmp_path, capsys, monkeypatch):

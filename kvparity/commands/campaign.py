@@ -48,9 +48,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     from conformance.campaign import per_shard_engine_args
     from conformance.campaign_ray import check_ray_address
     from conformance.engines import parse_engine_args
+    from kvparity.commands.merge import refuse_run_folder
     from kvparity.commands.run import build_parser as run_parser
 
     args, rest = build_parser().parse_known_args(argv)
+    refuse_run_folder(Path(args.out))  # before any shard runs: the merge goes there
     for option in SET_BY_CAMPAIGN:
         if any(a == option or a.startswith(option + "=") for a in rest):
             raise UsageError(f"{option} is set by the campaign for each shard; leave it out")

@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(prog="kvparity merge", description=summary(__doc__))
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="the shards' run folders")
     p.add_argument("--out", required=True, type=output_dir, metavar="DIR",
-                   help="where the merged report goes (created; never a shard's folder)")
+                   help="where the merged report goes (created; never a run folder nor inside one)")
     return p
 
 
@@ -28,7 +28,22 @@ def work(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if any(out.resolve() == Path(d).resolve() for d in args.run_dirs):
         raise UsageError(f"--out {out} is one of the shards' folders; the merged report goes elsewhere")
+    refuse_run_folder(out)
     return merge_into(out, [Path(d) for d in args.run_dirs])
+
+
+def refuse_run_folder(out: Path) -> None:
+    """A merged report (`merge --out`, `campaign --out`) never goes into a run folder, nor inside one: it
+    writes results.json, report.md/.html and junit.xml and empties witnesses/, so over a FAILing run it
+    replaced that run's verdict files with the campaign's (PASS) and deleted its witnesses."""
+    from conformance.contract import UsageError
+    from conformance.history_files import history_in
+
+    where = out.resolve()
+    for folder in (where, *where.parents):
+        if history_in(folder) is not None:
+            what = "a run folder" if folder == where else f"inside the run folder {folder}"
+            raise UsageError(f"--out {out} is {what} (it holds a history); the merged report goes elsewhere")
 
 
 def merge_into(out: Path, run_dirs: Sequence[Path], problems: Sequence[str] = ()) -> int:
