@@ -7,8 +7,8 @@ never ran leaves no folder to be the worst of. So the merge works from the evide
 - every folder's history is verified (conformance.history_chain, as `kvparity report` does): a history
   that is edited, cut, unchained (legacy: nothing seals it) or not the one its results.json was judged
   on makes the campaign `error`; so does a shard that did not finish (no `run_end`, interrupted) or
-  whose engine failed (its `error` events, named by shard), or whose own results.json records an error its
-  history does not (a process that died after its verdict: `reported_apart`);
+  whose engine failed (its `error` events, named by shard), or whose process died after its verdict (its
+  supervisor's results.json says so: conformance.reanalysis.read_verified);
 - the folders must be one campaign's: each records its shard (i/n) in `run_start`, all with the same n,
   engine, engine arguments, profile, checks, capabilities, known findings (and `--strict-known`) and
   campaign seed, each index once; a shard
@@ -77,33 +77,15 @@ def read_shard(run_dir: Path) -> ShardRun:
     run.events, run.history = verified.events, history
     if integrity.status != VERIFIED:
         run.problems.append(f"{run_dir}: {integrity.line()}; a campaign's shards must be sealed")
-    run.problems += [f"{run_dir}: {p}" for p in reading]
     found = shard_of(history.meta)
     if found is None:
         run.problems.append(f"{run_dir}: not a shard (its run_start records none; run with --shard i/n)")
     else:
         run.shard, run.campaign_seed = found
+    run.problems += [f"{run.name}: {p}" for p in reading]
     if history.incomplete():
         run.problems.append(f"{run.name}: {history.incomplete()}")
-    run.problems += [f"{run.name}: {e}" for e in reported_apart(run.run_dir, history)]
     return run
-
-
-def reported_apart(run_dir: Path, history: History) -> list[str]:
-    """The errors the shard's own results.json records and its history does not hold. A run whose process
-    died after its verdict (killed, or ended by its engine at exit) has a complete, sealed history: its
-    supervisor says how the process ended in the report it writes again (`process`, an error), never in
-    the history. Judged from the history alone, such a shard, `error` in its own report, merged as PASS
-    (the campaign exit 0)."""
-    from conformance.untrusted import read_json
-
-    try:
-        data = read_json(run_dir / "results.json", "results.json")
-        said = [*(data.get("errors") or []), data.get("process")]
-    except (OSError, ValueError, AttributeError, TypeError):
-        return []
-    held = set(history.errors) | {history.incomplete()}
-    return list(dict.fromkeys(e for e in said if isinstance(e, str) and e and e not in held))
 
 
 def campaign_problems(runs: Sequence[ShardRun]) -> tuple[list[str], int | None]:

@@ -36,9 +36,10 @@ SUBFOLDER = "reanalysis"  # where a re-analysis goes when the run has its own ve
 
 @frozen
 class Verified:
-    """A run folder's history, read and verified: the parsed history (its reading problems among its
-    errors), the chain's verdict, the raw events and the reading problems alone (a campaign merge
-    replays the events and reports the problems per shard)."""
+    """A run folder's history, read and verified: the parsed history (its problems among its errors),
+    the chain's verdict, the raw events and the problems alone — reading problems, and how the run's
+    process died after its history ended where its results.json says so (a campaign merge replays the
+    events and reports the problems per shard)."""
 
     history: History
     integrity: Integrity
@@ -79,26 +80,34 @@ def read_verified(run_dir: Path) -> Verified:
         raise UsageError(str(exc)) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
+    said = recorded(run_dir)
+    refuse_unmatched(run_dir, history, said)
+    died = said.get("process")
+    if isinstance(died, str) and died and died not in problems:
+        problems.append(died)  # what the history cannot say: its process died after it (the supervisor's)
     history.errors.extend(problems)
-    refuse_unmatched(run_dir, history)
     return Verified(history, integrity, events, list(problems))
 
 
-def recorded_digest(run_dir: Path) -> str | None:
-    """The history digest the run's own results.json says it was judged on (None: none recorded)."""
+def recorded(run_dir: Path) -> dict[str, Any]:
+    """The run's own results.json ({} if absent or unreadable). Two of its values are the re-judging's:
+    `history_digest` (the history it was judged on) and `process` (how its process ended, where it died:
+    a run killed after its verdict has a complete, sealed history, and only its supervisor's report says
+    error — judged from the history alone it was PASS, by `kvparity report` and `kvparity merge` alike)."""
     from conformance.untrusted import read_json
 
     try:  # capped and depth-checked: results.json is as untrusted as the history (UsageError is a ValueError)
-        digest = read_json(run_dir / "results.json", "results.json").get("history_digest")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return digest if isinstance(digest, str) else None
+        data = read_json(run_dir / "results.json", "results.json")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
-def refuse_unmatched(run_dir: Path, history: History) -> None:
+def refuse_unmatched(run_dir: Path, history: History, said: dict[str, Any]) -> None:
     """A history that is not the one the run's verdict was written from (its chain stripped to pass as
     legacy, or re-chained after an edit) is refused: the verdict files and the evidence must agree."""
-    recorded = recorded_digest(run_dir)
+    recorded = said.get("history_digest")
+    recorded = recorded if isinstance(recorded, str) else None
     if recorded is not None and history.digest != recorded:
         now = "no chain (read as legacy)" if history.digest is None else f"digest {history.digest[:12]}"
         raise UsageError(f"{run_dir / 'history.jsonl'} fails its integrity check, not re-judged: it is not the "

@@ -76,6 +76,10 @@ def test_a_run_process_that_dies_after_its_verdict_gets_error_files(tmp_path, ca
     assert _answer_for_dead_child("run", -9, {"run_dir": str(run_dir), "verdict": 0}) == 3
     assert "was killed by SIGKILL after its verdict" in capsys.readouterr().out
     assert set(verdicts_in_files(run_dir).values()) == {"error 3"}
+    # ...and so does `kvparity report` of it: its history is complete and sealed, and judged alone said PASS
+    assert main(["report", str(run_dir)]) == 3
+    assert "killed by SIGKILL after its verdict" in capsys.readouterr().out
+    assert set(verdicts_in_files(run_dir / "reanalysis").values()) == {"error 3"}
 
 
 @pytest.fixture
