@@ -56,24 +56,16 @@ def per_shard_engine_args(specs: Sequence[str], count: int) -> list[list[str]]:
     return per_shard
 
 
-def campaign_seed(run_args: Sequence[str]) -> list[str]:
+def campaign_seed(run_args: Sequence[str], seed: int | None, profile: str) -> list[str]:
     """`run_args` with a `--seed` every shard shares: the one given, else one drawn here, unless the
-    profile is derandomised (ci), whose shards derive their seeds from the shard alone."""
+    profile is derandomised (ci), whose shards derive their seeds from the shard alone. `seed` and
+    `profile` as `kvparity run`'s parser read them from `run_args` (an abbreviated `--prof ci` is ci: read
+    literally it was dev, and a ci campaign drew a seed and left its fixed streams)."""
     from conformance.run_config import profile_settings
 
-    if option(run_args, "--seed") is not None or profile_settings(option(run_args, "--profile") or "dev").derandomize:
+    if seed is not None or profile_settings(profile).derandomize:
         return list(run_args)
     return [*run_args, "--seed", str(random.randrange(2**32))]
-
-
-def option(run_args: Sequence[str], name: str) -> str | None:
-    """The value of `name` in `kvparity run` arguments the command has already parsed (so well formed)."""
-    for k, arg in enumerate(run_args):
-        if arg == name and k + 1 < len(run_args):
-            return run_args[k + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def run_local(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path],
@@ -125,10 +117,9 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, count: int,
 def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str = "local", jobs: int | None = None,
                  num_cpus: float = 1, num_gpus: float = 0, address: str | None = None,
                  per_shard: Sequence[Sequence[str]] = ()) -> tuple[list[dict[str, Any]], list[Path], int | None]:
-    """Run `count` shards of `kvparity run RUN_ARGS` into `out/shards/<i>/`, shard i with its own engine
+    """Run `count` shards of `kvparity run RUN_ARGS` (its `--seed` the campaign's: `campaign_seed`) into `out/shards/<i>/`, shard i with its own engine
     arguments `per_shard[i - 1]` if given; each shard's outcome, the run folders they left (a shard that left none
     is missing from the merge), and the stop signal that cut the campaign short (None: none did)."""
-    run_args = campaign_seed(run_args)
     dirs = [out / "shards" / str(i) for i in range(1, count + 1)]
     for d in dirs:  # a folder used again: an earlier campaign's output is not this one's
         (d / CONSOLE).unlink(missing_ok=True)

@@ -359,12 +359,30 @@ def test_a_local_campaign_runs_as_many_shards_at_once_as_there_are_cpus(jobs, cp
 
 @pytest.mark.parametrize("extra, says", [(["--shard", "1/2"], "--shard is set by the campaign"),
                                          (["--report-dir", "x"], "--report-dir is set by the campaign"),
+                                         (["--rep", "x"], "--report-dir is set by the campaign"),
                                          (["--bogus"], "unrecognized arguments")])
 def test_a_campaign_refuses_bad_run_arguments_before_any_shard(extra, says, tmp_path, capsys):
     code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine", "reference", *extra])
     err = capsys.readouterr().err
     assert code == 3 and says in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "c" / "shards").exists()
+
+
+@pytest.mark.parametrize("given, drawn", [(["--profile", "ci"], False), (["--prof", "ci"], False),
+                                          (["--profile", "dev"], True), (["--se", "7"], False)])
+def test_each_shard_gets_the_campaign_seed_read_as_kvparity_run_reads_its_arguments(given, drawn, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """A ci campaign's shards run fixed streams (no seed drawn); a dev one's share one drawn seed. The
+    campaign read `--profile`/`--seed` literally, so `--prof ci` (ci to every shard's parser) drew a seed:
+    the nightly campaign's streams changed every night. The executor is a FAKE recording each shard's argv."""
+    from conformance import campaign
+
+    asked = []
+    monkeypatch.setattr(campaign, "run_local", lambda argvs, dirs, at_once: (asked.extend(argvs), ([], None))[1])
+    cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine", "reference", *given])
+    capsys.readouterr()
+    seeds = [argv[argv.index("--seed") + 1] if "--seed" in argv else None for argv in asked]
+    assert len(seeds) == 2 and seeds[0] == seeds[1] and (seeds[0] is not None) == drawn, asked
 
 
 def test_an_out_folder_that_cannot_be_made_is_one_line_and_exit_3(runs, capsys):

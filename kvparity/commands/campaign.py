@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The campaign's own options; everything else is `kvparity run`'s, checked here by its parser."""
-    from conformance.campaign import per_shard_engine_args
+    from conformance.campaign import campaign_seed, per_shard_engine_args
     from conformance.campaign_ray import check_ray_address
     from conformance.engines import parse_engine_args
     from kvparity.commands.merge import refuse_run_folder
@@ -53,17 +53,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
     args, rest = build_parser().parse_known_args(argv)
     refuse_run_folder(Path(args.out))  # before any shard runs: the merge goes there
-    for option in SET_BY_CAMPAIGN:
-        if any(a == option or a.startswith(option + "=") for a in rest):
-            raise UsageError(f"{option} is set by the campaign for each shard; leave it out")
     if args.ray and find_spec("ray") is None:
         raise UsageError("--ray: ray is not installed (pip install 'kvparity[ray]')")
     args.per_shard = per_shard_engine_args(args.shard_engine_arg, args.shards)
-    run = run_parser().parse_args(rest)  # a bad run argument is refused before any shard starts
+    # Read as each shard's `kvparity run` will read them (its parser takes `--prof` for `--profile`): a bad
+    # run argument is refused before any shard starts, and so is one the campaign sets itself.
+    parser = run_parser()
+    run = parser.parse_args(rest)
+    for option in SET_BY_CAMPAIGN:
+        dest = option.lstrip("-").replace("-", "_")
+        if getattr(run, dest) != parser.get_default(dest):
+            raise UsageError(f"{option} is set by the campaign for each shard; leave it out")
     parse_engine_args([*run.engine_arg, *args.per_shard[0]])  # so is a key given as both kinds
     if args.ray:
         check_ray_address(args.ray_address)
-    args.run_args = rest
+    args.run_args = campaign_seed(rest, run.seed, run.profile)
     return args
 
 
