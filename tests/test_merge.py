@@ -385,6 +385,25 @@ def test_each_shard_gets_the_campaign_seed_read_as_kvparity_run_reads_its_argume
     assert len(seeds) == 2 and seeds[0] == seeds[1] and (seeds[0] is not None) == drawn, asked
 
 
+@pytest.mark.parametrize("exits, expected", [((0, 0), 0), ((0, -9), 3), ((0, 1), 3)])
+def test_a_shard_whose_process_ended_otherwise_than_its_run_makes_the_campaign_error(runs, exits, expected,
+                                                                                    tmp_path, monkeypatch, capsys):
+    """A shard's supervisor killed after its run wrote its verdict leaves a sound, sealed run folder: the
+    merge, reading folders alone, said PASS (exit 0) for a campaign one of whose shards died. The executor
+    is a FAKE answering each shard with a sound PASS folder and the exit code given."""
+    from conformance import campaign
+    from conformance.shard_process import outcome
+
+    folders = [runs["1"], runs["2"]]
+    monkeypatch.setattr(campaign, "run_local", lambda argvs, dirs, at_once: (
+        [outcome(code, str(folder), "PASS: ...") for code, folder in zip(exits, folders)], None))
+    code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine", "reference",
+                     "--profile", "ci"])
+    printed = capsys.readouterr().out
+    assert code == expected, printed
+    assert ("not the exit code its report gives" in printed) == (expected == 3), printed
+
+
 def test_an_out_folder_that_cannot_be_made_is_one_line_and_exit_3(runs, capsys):
     """/proc takes no new folders, yet as root passes the up-front writability check: mkdir itself fails."""
     code = cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", "/proc/kvparity-merged"])

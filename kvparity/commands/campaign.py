@@ -79,13 +79,16 @@ def work(args: argparse.Namespace) -> int:
     outcomes, run_dirs, stopped = run_campaign(args.run_args, args.shards, out, "ray" if args.ray else "local",
                                                args.jobs, args.shard_cpus, args.shard_gpus, args.ray_address,
                                                args.per_shard)
-    left_none = []
+    beyond = []  # what went wrong beyond the run folders: the merge reads only those
     for i, o in enumerate(outcomes, start=1):
         last = shard_line(o["tail"])
         print(f"shard {i}/{args.shards}: exit {o['exit']}, {o['run_dir'] or 'no run folder'}: {last}")
         if not o["run_dir"]:
-            left_none.append(f"shard {i}/{args.shards} left no run folder (exit {o['exit']}): {last}")
-    code = merge_into(out, run_dirs, left_none)
+            beyond.append(f"shard {i}/{args.shards} left no run folder (exit {o['exit']}): {last}")
+        elif stopped is None and o["exit"] != reported_exit(Path(o["run_dir"])):
+            beyond.append(f"shard {i}/{args.shards} exited {o['exit']}, not the exit code its report gives "
+                          f"({reported_exit(Path(o['run_dir']))}): its process did not end as its run did")
+    code = merge_into(out, run_dirs, beyond)
     if stopped is not None:  # the merge says error (interrupted shards); the exit says how, as `run`'s does
         from conformance import stopping
 
@@ -93,6 +96,19 @@ def work(args: argparse.Namespace) -> int:
               f"stopped and waited for")
         return stopping.exit_code_of(stopped)
     return code
+
+
+def reported_exit(run_dir: Path) -> int | None:
+    """The exit code a shard's results.json gives (None: none readable). A shard whose process ended
+    otherwise — its supervisor killed after the run wrote its verdict — left a sound, sealed run folder
+    that merged as PASS while its exit said it died."""
+    from conformance.untrusted import read_json
+
+    try:
+        code = read_json(run_dir / "results.json", "results.json").get("exit_code")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return code if isinstance(code, int) else None
 
 
 # `kvparity run`'s last line starts with its verdict, or INTERRUPTED (kvparity/commands/run.py)
