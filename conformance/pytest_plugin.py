@@ -240,20 +240,23 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     """Say where the report went and the seed that reruns its stream (nothing in a session that ran no
     kvparity stream)."""
     for run_dir in config.stash.get(RUN_DIRS, []):
-        seed = recorded_seed(Path(run_dir))
+        start = recorded_start(Path(run_dir))
+        seed = start.get("seed")
+        # a shard's seed is its own, derived from the campaign's: kept, --kvparity-shard would derive it again
+        alone = " without --kvparity-shard" if start.get("shard") else ""
         terminalreporter.write_line(f"kvparity report: {Path(run_dir) / 'report.md'}"
-                                    + (f" (seed {seed}: --kvparity-seed {seed} reruns the stream)"
+                                    + (f" (seed {seed}: --kvparity-seed {seed}{alone} reruns the stream)"
                                        if isinstance(seed, int) else f" (seed {seed})" if seed else ""))
 
 
-def recorded_seed(run_dir: Path) -> Any:
-    """The seed the run's `run_start` recorded (an int, or "derandomised"); None where unreadable."""
+def recorded_start(run_dir: Path) -> dict[str, Any]:
+    """The run's `run_start` event (its seed: an int, or "derandomised"); {} where unreadable."""
     try:
         with open(run_dir / "history.jsonl", encoding="utf-8") as f:
             first = json.loads(f.readline())
     except (OSError, ValueError):
-        return None
-    return first.get("seed") if isinstance(first, dict) and first.get("event") == "run_start" else None
+        return {}
+    return first if isinstance(first, dict) and first.get("event") == "run_start" else {}
 
 
 def shared_outcome_file(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -102,17 +102,34 @@ def test_a_bad_shard_or_database_is_a_usage_error_naming_the_option(tmp_path, op
     assert not run_dirs(tmp_path)
 
 
+def submitted(run_dir: Path) -> list:
+    """Every request the run sent, in order."""
+    events = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    return [e["requests"] for e in events if e["event"] == "submit"]
+
+
 def test_plugin_shards_merge_into_one_campaign_and_a_missing_one_is_an_error(tmp_path):
     """A CI matrix of pytest jobs, one shard each: the run folders are the campaign's shards, and the merge
     of both is its verdict (PASS), of one alone `error` (shard 2/2 missing)."""
+    said = []
     for i in (1, 2):
         out = plugin_run(tmp_path, "-n", "0", "-k", "test_check", "--kvparity-profile", "ci",
                          "--kvparity-max-examples", "3", "--kvparity-allow-inconclusive", "--kvparity-shard", f"{i}/2")
         assert out.returncode == 0, out.stdout + out.stderr
+        said.append(out.stdout)
     runs = run_dirs(tmp_path)
     starts = [json.loads((r / "history.jsonl").read_text().splitlines()[0]) for r in runs]
     assert sorted((s["shard"]["index"], s["shard"]["count"]) for s in starts) == [(1, 2), (2, 2)]
     assert starts[0]["seed"] != starts[1]["seed"]  # each shard its own stream
+    # The rerun the session's last line names gives the shard's stream: its seed, and no shard to derive it again.
+    seed = starts[0]["seed"]
+    hint = f"--kvparity-seed {seed} without --kvparity-shard reruns the stream"
+    assert hint in said[0] if starts[0]["shard"]["index"] == 1 else hint in said[1]
+    (tmp_path / "rerun").mkdir()
+    rerun = plugin_run(tmp_path / "rerun", "-n", "0", "-k", "test_check", "--kvparity-profile", "ci",
+                       "--kvparity-max-examples", "3", "--kvparity-allow-inconclusive", "--kvparity-seed", str(seed))
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert submitted(run_dirs(tmp_path / "rerun")[0]) == submitted(runs[0])
 
     def merge(*dirs: Path) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "kvparity", "merge", *map(str, dirs), "--out",
