@@ -360,7 +360,9 @@ def test_a_local_campaign_runs_as_many_shards_at_once_as_there_are_cpus(jobs, cp
 @pytest.mark.parametrize("extra, says", [(["--shard", "1/2"], "--shard is set by the campaign"),
                                          (["--report-dir", "x"], "--report-dir is set by the campaign"),
                                          (["--rep", "x"], "--report-dir is set by the campaign"),
-                                         (["--bogus"], "unrecognized arguments")])
+                                         (["--bogus"], "unrecognized arguments"),
+                                         (["--database", "rediss://127.0.0.1:1/0"], "only redis://"),
+                                         (["--database", "redis://127.0.0.1:1/0"], "cannot reach the store")])
 def test_a_campaign_refuses_bad_run_arguments_before_any_shard(extra, says, tmp_path, capsys):
     code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine", "reference", *extra])
     err = capsys.readouterr().err

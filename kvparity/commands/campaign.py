@@ -48,6 +48,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     from conformance.campaign import campaign_seed, per_shard_engine_args
     from conformance.campaign_ray import check_ray_address
     from conformance.engines import parse_engine_args
+    from conformance.example_database import check_url, is_url, reachable
     from kvparity.commands.merge import refuse_run_folder
     from kvparity.commands.run import build_parser as run_parser
 
@@ -65,6 +66,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if getattr(run, dest) != parser.get_default(dest):
             raise UsageError(f"{option} is set by the campaign for each shard; leave it out")
     parse_engine_args([*run.engine_arg, *args.per_shard[0]])  # so is a key given as both kinds
+    if is_url(run.database):  # so is a shared store that is not one, or (here, not a cluster's nodes) unreachable
+        check_url(run.database)
+        if not args.ray_address:
+            reachable(run.database)
     if args.ray:
         check_ray_address(args.ray_address)
     args.run_args = campaign_seed(rest, run.seed, run.profile)
