@@ -61,7 +61,7 @@ def run_shard(argv: Sequence[str], report_dir: str, cwd: str, board: Any = None,
     if board is not None and _stopped(board):  # stopped before this task began: nothing to stop or start
         return not_started()
     before = run_folders(folder)
-    proc = start_shard(argv, folder, cwd)
+    proc = start_shard(argv, folder, cwd, own_group=True)  # Ray's cleanup of a dead worker's group must not cut it
     stopped, sent = False, 0
     while proc.poll() is None:
         if board is not None:
