@@ -243,13 +243,10 @@ def _processes() -> dict[int, tuple[int, str]]:
     return found
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shards' parent-death signal is Linux's")
-def test_a_shard_whose_ray_worker_dies_ends_its_run_with_a_report(tmp_path):
-    """A Ray task's worker killed under its shard (Ray's memory monitor, the OOM killer): Ray 2.60's raylet
-    then sends SIGTERM to the worker's process group and SIGKILL 200 ms later, whatever
-    `kill_child_processes_on_worker_exit` says. The shard was in that group: its history ended
-    `interrupted`, cut before its report (no results.json). In a group of its own, its parent-death SIGTERM
-    ends its run with a report, as a killed campaign's shards end theirs."""
+def _campaign_whose_worker_dies(tmp_path: Path) -> tuple[Path, int, str]:
+    """A one-shard Ray campaign (nightly, long) whose shard's task worker is SIGKILLed once the shard has
+    recorded 400 examples (its report then takes ~0.9 s); the campaign folder, exit code and output, once
+    the shard's processes are gone."""
     import signal
     import time
 
@@ -282,8 +279,36 @@ def test_a_shard_whose_ray_worker_dies_ends_its_run_with_a_report(tmp_path):
         for pid, (_, cmd) in _processes().items():
             if str(out) in cmd:
                 os.kill(pid, signal.SIGKILL)
-    assert campaign.returncode == 3, printed[-2000:]
+    return out, campaign.returncode, printed
+
+
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shards' parent-death signal is Linux's")
+
+
+@LINUX_ONLY
+def test_a_shard_whose_ray_worker_dies_ends_its_run_with_a_report(tmp_path):
+    """A Ray task's worker killed under its shard (Ray's memory monitor, the OOM killer): Ray 2.60's raylet
+    then sends SIGTERM to the worker's process group and SIGKILL 200 ms later, whatever
+    `kill_child_processes_on_worker_exit` says. The shard was in that group: its history ended
+    `interrupted`, cut before its report (no results.json). In a group of its own, its parent-death SIGTERM
+    ends its run with a report, as a killed campaign's shards end theirs."""
+    out, code, printed = _campaign_whose_worker_dies(tmp_path)
+    assert code == 3, printed[-2000:]
     (history,) = out.glob("shards/1/*/*/history.jsonl")
     assert '"event":"interrupted","cause":"SIGTERM' in history.read_text()
     results = json.loads((history.parent / "results.json").read_text())
     assert results["verdict"] == "error" and results["interrupted"], results.get("errors")
+
+
+@LINUX_ONLY
+def test_a_shard_whose_ray_worker_died_is_merged_from_the_folder_it_left(tmp_path):
+    """Its task failed in Ray, but the shard ended its run in a folder this machine sees: the campaign merges
+    it (error: interrupted, with what it recorded and found), as a local campaign merges a shard killed under
+    it, instead of calling it "left no run folder" and leaving its examples out of the merged report."""
+    out, code, printed = _campaign_whose_worker_dies(tmp_path)
+    assert code == 3, printed[-2000:]
+    (history,) = out.glob("shards/1/*/*/history.jsonl")
+    merged = json.loads((out / "results.json").read_text())
+    assert [s["run_dir"] for s in merged["campaign"]["shards"]] == [str(history.parent)], printed[-2000:]
+    assert merged["verdict"] == "error" and merged["examples"] >= 400
+    assert "left no run folder" not in printed and "its process's end was not seen" in printed, printed[-2000:]

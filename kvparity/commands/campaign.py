@@ -90,6 +90,8 @@ def work(args: argparse.Namespace) -> int:
         print(f"shard {i}/{args.shards}: exit {o['exit']}, {o['run_dir'] or 'no run folder'}: {last}")
         if not o["run_dir"]:
             beyond.append(f"shard {i}/{args.shards} left no run folder (exit {o['exit']}): {last}")
+        elif o["exit"] is None:  # a Ray task that failed, whose shard's run folder is on this machine
+            beyond.append(f"shard {i}/{args.shards}: its process's end was not seen: {last}")
         elif stopped is None and o["exit"] != reported_exit(Path(o["run_dir"])):
             beyond.append(f"shard {i}/{args.shards} exited {o['exit']}, not the exit code its report gives "
                           f"({reported_exit(Path(o['run_dir']))}): its process did not end as its run did")
