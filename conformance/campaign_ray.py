@@ -61,7 +61,7 @@ def run_shard(argv: Sequence[str], report_dir: str, cwd: str, board: Any = None,
     if board is not None and _stopped(board):  # stopped before this task began: nothing to stop or start
         return not_started()
     before = run_folders(folder)
-    proc = start_shard(argv, folder, cwd)
+    proc = start_shard(argv, folder, cwd, own_group=True)  # Ray's cleanup of a dead worker's group must not cut it
     stopped, sent = False, 0
     while proc.poll() is None:
         if board is not None:
@@ -143,6 +143,7 @@ def gathered(result: dict[str, Any], folder: Path) -> dict[str, Any]:
     return result
 
 
+REPORT_WAIT_S = 30.0  # a dead task's shard: its supervisor's stop grace (5 s) and its report, on a loaded machine
 RAY_CONNECT_S = 10.0  # how long the campaign tries a Ray cluster's address before saying it is unreachable
 
 
@@ -198,6 +199,7 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
         if own:
             refuse_infeasible(ray.cluster_resources(), num_cpus, num_gpus)
         board = ray.remote(Board).options(num_cpus=0).remote()
+        before = [run_folders(d) for d in report_dirs]  # where this machine sees them: a dead task's shard's folder
         task = ray.remote(run_shard).options(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=0)
         refs = [task.remote(list(argv), str(d), os.getcwd(), board, k)
                 for k, (argv, d) in enumerate(zip(argvs, report_dirs))]
@@ -218,23 +220,32 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
                         ray.get(board.stop.remote())
                     told = True
             hear()
-            return [task_outcome(ref, d) for ref, d in zip(refs, report_dirs)], signals.first
+            return [task_outcome(ref, d, b) for ref, d, b in zip(refs, report_dirs, before)], signals.first
     finally:
         if started:
             ray.shutdown()
 
 
-def task_outcome(ref: Any, folder: Path) -> dict[str, Any]:
+def task_outcome(ref: Any, folder: Path, before: set[Path] = frozenset()) -> dict[str, Any]:
     """A Ray task's outcome, its run folder gathered into `folder` (`gathered`); one that failed in Ray (its
     worker died, or `run_shard` raised: a report folder it cannot make on its node) or sent what cannot be
-    written here is a shard that left no run folder, with the reason — the campaign still merges the
-    others, and says error, instead of losing them all in a traceback."""
+    written here is a shard without an exit code, with the reason — the campaign still merges the
+    others, and says error, instead of losing them all in a traceback. A shard whose worker died goes on to
+    end its run with a report (its parent-death SIGTERM): where this machine sees the run folder it made
+    (one not among `before`), that folder is merged, as a local shard's is, once its report is written
+    (or `REPORT_WAIT_S` passed), not called missing with its findings left out."""
     import ray
 
     try:
         return gathered(ray.get(ref), folder)
     except ray.exceptions.RayError as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
-        return outcome(None, None, f"the Ray task failed: {lines[-1] if lines else exc!r}")
+        made = sorted(run_folders(folder) - before)
+        if made:
+            deadline = time.monotonic() + REPORT_WAIT_S
+            while not (made[-1] / "results.json").is_file() and time.monotonic() < deadline:
+                time.sleep(stopping.POLL_S)
+        return outcome(None, str(made[-1]) if made else None,
+                       f"the Ray task failed: {lines[-1] if lines else exc!r}")
     except (OSError, ValueError, tarfile.TarError) as exc:
         return outcome(None, None, f"the Ray task's run folder cannot be written in {folder}: {exc}")

@@ -20,7 +20,7 @@ CONSOLE = "console.log"  # a shard's whole output, beside its run folder
 NOT_STARTED = "not started: the campaign was stopped"
 
 
-def start_shard(argv: Sequence[str], folder: Path, cwd: str) -> subprocess.Popen:
+def start_shard(argv: Sequence[str], folder: Path, cwd: str, own_group: bool = False) -> subprocess.Popen:
     """Start a shard's process — `python ARGV` (`shard_argv`) — its output (stdout and stderr) into
     `folder`/console.log, asking to be stopped when this process dies (`lifeline.stop_with`).
 
@@ -30,12 +30,18 @@ def start_shard(argv: Sequence[str], folder: Path, cwd: str) -> subprocess.Popen
     (CUDA_VISIBLE_DEVICES for `--shard-gpus 1`): a shard started with the campaign's environment saw every
     GPU of its node, and each engine took the first. The campaign's working folder is kept where the
     node has it (relative paths in the run's arguments mean what they meant), else the shard runs in its
-    own folder."""
+    own folder.
+
+    `own_group`: in a process group of its own (a Ray shard). Ray 2.60's raylet ends a dead task worker
+    with SIGTERM to the worker's process group and SIGKILL 200 ms later (per-worker process group
+    cleanup, whatever `kill_child_processes_on_worker_exit` says): a shard in that group was cut before
+    its report (measured: its history ends `interrupted`, no results.json). Out of it, the shard hears
+    of its worker's death by its parent-death SIGTERM (`stop_with`) alone and ends its run with a report."""
     folder.mkdir(parents=True, exist_ok=True)
     where = cwd if Path(cwd).is_dir() else str(folder)
     with open(folder / CONSOLE, "w", encoding="utf-8") as console:
         return subprocess.Popen([sys.executable, *argv], cwd=where, env={**_env(), **stop_with(os.getpid())},
-                                stdout=console, stderr=subprocess.STDOUT)
+                                stdout=console, stderr=subprocess.STDOUT, start_new_session=own_group)
 
 
 def run_folders(report_dir: Path) -> set[Path]:

@@ -228,3 +228,87 @@ def test_a_shard_whose_campaign_board_is_lost_is_stopped_with_a_report(tmp_path)
     assert not worker.is_alive() and result["exit"] == 143, result.get("tail")
     history = Path(result["run_dir"]) / "history.jsonl"
     assert '"event":"interrupted"' in history.read_text()
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process's parent and command line: pid -> (ppid, cmdline)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        found[int(stat.parent.name)] = (ppid, cmdline)
+    return found
+
+
+def _campaign_whose_worker_dies(tmp_path: Path) -> tuple[Path, int, str]:
+    """A one-shard Ray campaign (nightly, long) whose shard's task worker is SIGKILLed once the shard has
+    recorded 400 examples (its report then takes ~0.9 s); the campaign folder, exit code and output, once
+    the shard's processes are gone."""
+    import signal
+    import time
+
+    out = tmp_path / "c"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("RAY_ADDRESS", None)
+    campaign = subprocess.Popen([sys.executable, "-m", "kvparity", "campaign", "--shards", "1", "--ray", "--out", str(out),
+                                 "--engine", ENGINE, "--profile", "nightly", "--max-examples", "100000", "--no-shrink",
+                                 "--database", str(tmp_path / "db")],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and campaign.poll() is None:
+            histories = list(out.glob("shards/1/*/*/history.jsonl"))
+            if histories and histories[0].read_text().count('"event":"example"') >= 400:  # a report of some length
+                break
+            time.sleep(0.2)
+        procs = _processes()
+        shard = [pid for pid, (ppid, cmd) in procs.items() if str(out) in cmd and " run " in cmd
+                 and procs.get(ppid, (0, ""))[1].startswith("ray::run_shard")]
+        assert len(shard) == 1, f"no shard under a Ray worker (campaign exit {campaign.poll()})"
+        os.kill(procs[shard[0]][0], signal.SIGKILL)  # the shard's task worker
+        printed, _ = campaign.communicate(timeout=120)
+        deadline = time.monotonic() + 60
+        while any(str(out) in cmd for _, cmd in _processes().values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        if campaign.poll() is None:
+            campaign.kill()
+        for pid, (_, cmd) in _processes().items():
+            if str(out) in cmd:
+                os.kill(pid, signal.SIGKILL)
+    return out, campaign.returncode, printed
+
+
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shards' parent-death signal is Linux's")
+
+
+@LINUX_ONLY
+def test_a_shard_whose_ray_worker_dies_ends_its_run_with_a_report(tmp_path):
+    """A Ray task's worker killed under its shard (Ray's memory monitor, the OOM killer): Ray 2.60's raylet
+    then sends SIGTERM to the worker's process group and SIGKILL 200 ms later, whatever
+    `kill_child_processes_on_worker_exit` says. The shard was in that group: its history ended
+    `interrupted`, cut before its report (no results.json). In a group of its own, its parent-death SIGTERM
+    ends its run with a report, as a killed campaign's shards end theirs."""
+    out, code, printed = _campaign_whose_worker_dies(tmp_path)
+    assert code == 3, printed[-2000:]
+    (history,) = out.glob("shards/1/*/*/history.jsonl")
+    assert '"event":"interrupted","cause":"SIGTERM' in history.read_text()
+    results = json.loads((history.parent / "results.json").read_text())
+    assert results["verdict"] == "error" and results["interrupted"], results.get("errors")
+
+
+@LINUX_ONLY
+def test_a_shard_whose_ray_worker_died_is_merged_from_the_folder_it_left(tmp_path):
+    """Its task failed in Ray, but the shard ended its run in a folder this machine sees: the campaign merges
+    it (error: interrupted, with what it recorded and found), as a local campaign merges a shard killed under
+    it, instead of calling it "left no run folder" and leaving its examples out of the merged report."""
+    out, code, printed = _campaign_whose_worker_dies(tmp_path)
+    assert code == 3, printed[-2000:]
+    (history,) = out.glob("shards/1/*/*/history.jsonl")
+    merged = json.loads((out / "results.json").read_text())
+    assert [s["run_dir"] for s in merged["campaign"]["shards"]] == [str(history.parent)], printed[-2000:]
+    assert merged["verdict"] == "error" and merged["examples"] >= 400
+    assert "left no run folder" not in printed and "its process's end was not seen" in printed, printed[-2000:]

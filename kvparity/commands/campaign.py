@@ -8,6 +8,7 @@ run`: the merged verdict's; a shard that left no run folder is missing, and the 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from importlib.util import find_spec
 from pathlib import Path
@@ -68,7 +69,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parse_engine_args([*run.engine_arg, *args.per_shard[0]])  # so is a key given as both kinds
     if is_url(run.database):  # so is a shared store that is not one, or (here, not a cluster's nodes) unreachable
         check_url(run.database)
-        if not args.ray_address:
+        # The store is the nodes' to reach only where the shards run on a cluster: --ray with an address
+        # (`--ray-address` or RAY_ADDRESS, as run_ray joins one). `--ray-address` alone runs them here.
+        if not (args.ray and (args.ray_address or os.environ.get("RAY_ADDRESS"))):
             reachable(run.database)
     if args.ray:
         check_ray_address(args.ray_address)
@@ -90,6 +93,8 @@ def work(args: argparse.Namespace) -> int:
         print(f"shard {i}/{args.shards}: exit {o['exit']}, {o['run_dir'] or 'no run folder'}: {last}")
         if not o["run_dir"]:
             beyond.append(f"shard {i}/{args.shards} left no run folder (exit {o['exit']}): {last}")
+        elif o["exit"] is None:  # a Ray task that failed, whose shard's run folder is on this machine
+            beyond.append(f"shard {i}/{args.shards}: its process's end was not seen: {last}")
         elif stopped is None and o["exit"] != reported_exit(Path(o["run_dir"])):
             beyond.append(f"shard {i}/{args.shards} exited {o['exit']}, not the exit code its report gives "
                           f"({reported_exit(Path(o['run_dir']))}): its process did not end as its run did")
