@@ -135,10 +135,8 @@ def read_events(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], lis
     path = Path(path)
     events: list[dict[str, Any]] = []
     problems: list[str] = []
-    text = untrusted.read_capped(path, untrusted.MAX_HISTORY_BYTES, "history", errors="replace")
-    lines = (text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text).split("\n")
-    torn_at = len(lines) if lines and lines[-1] else None  # the last line has no newline
-    for number, line in enumerate(lines, start=1):
+    for number, (line, ended) in enumerate(untrusted.capped_lines(path, untrusted.MAX_HISTORY_BYTES, "history"),
+                                           start=1):
         if not line.strip():
             continue
         try:
@@ -146,7 +144,7 @@ def read_events(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], lis
         except json.JSONDecodeError:
             ev = None
         if not isinstance(ev, dict) or not isinstance(ev.get("event"), str):
-            if number == torn_at:
+            if not ended:  # the last line, with no newline: torn
                 problems.append(f"{path.name} line {number} is torn: the process died while writing it")
             else:
                 problems.append(f"{path.name} line {number} is not a history event; "

@@ -37,7 +37,9 @@ from conformance.contract import UsageError
 
 MIB = 1 << 20
 MAX_WITNESS_BYTES = 16 * MIB  # witnesses, calibrations, results.json: tens to hundreds of KB in use
-MAX_HISTORY_BYTES = 256 * MIB  # a nightly history is ~20 MB; a 10x longer run still fits
+# A history is read line by line (never held whole as text): 2-36 KB an example in the committed runs, so
+# 1 GiB is a shard of ~30,000-500,000 examples, whose parsed events need several GiB of memory to judge.
+MAX_HISTORY_BYTES = 1024 * MIB
 MAX_DEPTH = 100  # kvparity writes ~10 levels; json.loads recurses once per level
 
 # --------------------------------------------------------------------------- size
@@ -66,6 +68,38 @@ def read_capped(path: str | os.PathLike[str], cap: int, what: str, errors: str =
     if path.name.endswith(".gz"):  # a committed history: the cap bounds what it decompresses to, too
         data = _gunzip_capped(path, data, cap, what)
     return data.decode("utf-8", errors=errors)
+
+
+def capped_lines(path: str | os.PathLike[str], cap: int, what: str) -> Iterable[tuple[str, bool]]:
+    """The lines of `path` (a `.gz` one decompressed), each as (text, ended by a newline), read one at a
+    time so the text is never held whole; refused (one-line UsageError) when it is not a regular file or
+    holds more than `cap` bytes (decompressed). A line break is \\n, \\r\\n or a lone \\r. Undecodable
+    bytes are replaced: the caller reads the line as JSON, which refuses them."""
+    import gzip
+
+    path = Path(path)
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise UsageError(f"{what} {path} is not a regular file")
+    packed = path.name.endswith(".gz")
+    if not packed and os.stat(path).st_size > cap:
+        raise _too_big(path, what, os.stat(path).st_size, cap)
+    seen = 0
+    with (gzip.open(path, "rb") if packed else open(path, "rb")) as fh:
+        try:
+            for raw in fh:
+                seen += len(raw)
+                if seen > cap:
+                    if packed:
+                        raise UsageError(f"{what} {path} decompresses to more than {cap // MIB} MiB; refused")
+                    raise _too_big(path, what, f"more than {cap}", cap)
+                ended = raw.endswith(b"\n")
+                parts = raw.decode("utf-8", errors="replace").removesuffix("\n").removesuffix("\r").split("\r")
+                for k, part in enumerate(parts):
+                    yield part, ended or k < len(parts) - 1
+        except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError; EOFError: cut short
+            if not packed:
+                raise
+            raise UsageError(f"{what} {path} is not a readable gzip file: {exc}") from None
 
 
 def _gunzip_capped(path: Path, data: bytes, cap: int, what: str) -> bytes:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conformance import untrusted
+from conformance.history import read_events as untrusted_read_events
 from kvparity.cli import main
 from conformance.contract import UsageError
 
@@ -272,8 +273,24 @@ def test_an_oversized_history_is_refused_without_reading_it(tmp_path, capsys):
     (tmp_path / "run").mkdir()
     sparse(tmp_path / "run" / "history.jsonl", untrusted.MAX_HISTORY_BYTES + 1)
     code, peak = peak_bytes(lambda: main(["report", str(tmp_path / "run")]))
-    assert code == 3 and peak < 8 << 20  # imports included; reading it would take > 256 MiB
-    assert "over the 256 MiB a history may be" in one_line_error(capsys)
+    assert code == 3 and peak < 8 << 20  # imports included; reading it would take > 1 GiB
+    assert "over the 1024 MiB a history may be" in one_line_error(capsys)
+
+
+def test_a_long_shard_s_history_is_read_line_by_line_past_the_old_cap(tmp_path):
+    """A 10,000-example nightly shard wrote a 357 MB history, over the 256 MiB cap a history had, so
+    `kvparity merge` and `kvparity report` refused a correct engine's long shard as an error. The cap is
+    1 GiB now, and the history is read a line at a time (its text was held whole, then split)."""
+    path = tmp_path / "history.jsonl"
+    pad = "x" * 4000
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"event": "run_start", "engine": "e"}) + "\n")
+        for i in range(310 * 256):  # over 300 MiB
+            fh.write(json.dumps({"event": "example", "index": i, "pad": pad}) + "\n")
+    assert path.stat().st_size > 300 * untrusted.MIB
+    events, problems = untrusted_read_events(path)
+    path.unlink()  # pytest keeps the last runs' folders: not 310 MB of them
+    assert problems == [] and len(events) == 1 + 310 * 256
 
 
 def test_the_caps_fit_every_committed_file():
