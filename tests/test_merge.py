@@ -425,6 +425,30 @@ def test_a_shard_whose_process_ended_otherwise_than_its_run_makes_the_campaign_e
     assert ("not the exit code its report gives" in printed) == (expected == 3), printed
 
 
+def test_a_campaign_stopped_before_its_merge_leaves_no_earlier_pass_in_its_folder(runs, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """A nightly campaign into one --out: last night's merge said PASS; tonight's is stopped before its merge
+    (Ctrl-C while Ray starts, or the job killed). Its report files kept last night's PASS for a CI to read.
+    The executor is a FAKE: two sound PASS folders, then a stop."""
+    from conformance import campaign
+    from conformance.shard_process import outcome
+
+    out = tmp_path / "nightly"
+    argv = ["campaign", "--shards", "2", "--out", str(out), "--engine", "reference", "--profile", "ci"]
+    monkeypatch.setattr(campaign, "run_local", lambda argvs, dirs, at_once: (
+        [outcome(0, str(folder), "PASS: ...") for folder in (runs["1"], runs["2"])], None))
+    assert cli.main(argv) == 0 and _results(out)["verdict"] == "pass"
+
+    def stopped(argvs, dirs, at_once):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(campaign, "run_local", stopped)
+    assert cli.main(argv) == 130
+    capsys.readouterr()
+    assert _results(out)["verdict"] == "error" and "has not finished" in _results(out)["errors"][0]
+    assert 'errors="0"' not in (out / "junit.xml").read_text()
+
+
 def test_an_out_folder_that_cannot_be_made_is_one_line_and_exit_3(runs, capsys):
     """/proc takes no new folders, yet as root passes the up-front writability check: mkdir itself fails."""
     code = cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", "/proc/kvparity-merged"])

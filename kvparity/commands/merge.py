@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from kvparity.parsing import UsageParser, output_dir, run_command, summary
 
@@ -51,10 +51,23 @@ def merge_into(out: Path, run_dirs: Sequence[Path], problems: Sequence[str] = ()
     caller knows is wrong beyond the folders (`kvparity campaign`: a shard that left none, and why), each
     an error of the merged verdict. Written even when no folder is given, so `out` never keeps the report
     of an earlier merge."""
+    from conformance.report.console import print_summary
+
+    history, analysis, campaign, results = write_merged(out, run_dirs, problems)
+    print_summary(analysis, out, history.meta.get("engine"))  # as `kvparity run` prints its own, with the shards
+    given = len(results["campaign"]["shards"])
+    steps = results["shrink_steps"]
+    print(f"{analysis.verdict.upper()}: {given} of {campaign['count'] or '?'} shard(s), {results['examples']} examples"
+          f"{f' (+{steps} shrink steps)' if steps else ''}, report {out}")
+    return analysis.exit_code
+
+
+def write_merged(out: Path, run_dirs: Sequence[Path], problems: Sequence[str] = ()) -> tuple[Any, Any, Any, dict]:
+    """Merge `run_dirs` and write the merged report into `out`, printing nothing: (history, analysis,
+    campaign, results)."""
     from conformance.campaign_merge import merge
     from conformance.campaign_report import write_campaign
     from conformance.contract import UsageError
-    from conformance.report.console import print_summary
 
     history, analysis, campaign = merge(run_dirs)
     analysis.errors[:0] = problems
@@ -64,12 +77,7 @@ def merge_into(out: Path, run_dirs: Sequence[Path], problems: Sequence[str] = ()
         results = write_campaign(out, history, analysis, campaign)
     except OSError as exc:
         raise UsageError(f"cannot write the merged report in {out}: {exc}") from None
-    print_summary(analysis, out, history.meta.get("engine"))  # as `kvparity run` prints its own, with the shards
-    given = len(results["campaign"]["shards"])
-    steps = results["shrink_steps"]
-    print(f"{analysis.verdict.upper()}: {given} of {campaign['count'] or '?'} shard(s), {results['examples']} examples"
-          f"{f' (+{steps} shrink steps)' if steps else ''}, report {out}")
-    return analysis.exit_code
+    return history, analysis, campaign, results
 
 
 def main(argv: Sequence[str] | None = None, session: object = None) -> int:
