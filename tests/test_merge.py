@@ -363,9 +363,11 @@ def test_a_local_campaign_runs_as_many_shards_at_once_as_there_are_cpus(jobs, cp
                                          (["--bogus"], "unrecognized arguments"),
                                          (["--database", "rediss://127.0.0.1:1/0"], "only redis://"),
                                          (["--database", "redis://127.0.0.1:1/0"], "cannot reach the store"),
-                                         # no --ray: the shards run here, whatever --ray-address says
-                                         (["--ray-address", "127.0.0.1:1", "--database", "redis://127.0.0.1:1/0"],
-                                          "cannot reach the store")])
+                                         # an option of the other executor: refused, not ignored
+                                         (["--ray-address", "127.0.0.1:1"], "--ray-address is for --ray"),
+                                         (["--shard-gpus", "1"], "--shard-gpus is for --ray"),
+                                         (["--shard-cpus", "2"], "--shard-cpus is for --ray"),
+                                         (["--ray", "--jobs", "2"], "--jobs is for local shards")])
 def test_a_campaign_refuses_bad_run_arguments_before_any_shard(extra, says, tmp_path, capsys):
     code = cli.main(["campaign", "--shards", "2", "--out", str(tmp_path / "c"), "--engine", "reference", *extra])
     err = capsys.readouterr().err

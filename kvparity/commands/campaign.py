@@ -32,10 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the shards as Ray tasks (pip install 'kvparity[ray]'); none: local processes")
     p.add_argument("--ray-address", default=None, type=named,
                    help="with --ray: the cluster to join (none: RAY_ADDRESS, else a local Ray runtime)")
-    p.add_argument("--shard-cpus", type=resource_amount, default=1.0,
-                   help="with --ray: CPUs each shard's task asks for")
-    p.add_argument("--shard-gpus", type=resource_amount, default=0.0,
-                   help="with --ray: GPUs each shard's task asks for (1 for an engine on one GPU)")
+    p.add_argument("--shard-cpus", type=resource_amount, default=None,
+                   help="with --ray: CPUs each shard's task asks for (default 1)")
+    p.add_argument("--shard-gpus", type=resource_amount, default=None,
+                   help="with --ray: GPUs each shard's task asks for (default 0; 1 for an engine on one GPU)")
     p.add_argument("--shard-engine-arg", action="append", default=[], metavar="K=V1,...,VN",
                    help="an engine argument each shard has its own value of, e.g. the replica it drives: "
                         "base_url=http://127.0.0.1:8001,http://127.0.0.1:8002 (one value per shard)")
@@ -55,6 +55,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     from kvparity.commands.run import build_parser as run_parser
 
     args, rest = build_parser().parse_known_args(argv)
+    # An option of the other executor is refused, not ignored: `--shard-gpus 1` without --ray would leave
+    # every local shard's engine on the same GPU, `--ray-address` without it run the shards here.
+    other = ["--jobs"] if args.ray else ["--ray-address", "--shard-cpus", "--shard-gpus"]
+    for option in other:
+        if getattr(args, option.lstrip("-").replace("-", "_")) is not None:
+            raise UsageError(f"{option} is for {'local shards, not --ray' if args.ray else '--ray'}; leave it out")
+    args.shard_cpus = 1.0 if args.shard_cpus is None else args.shard_cpus
+    args.shard_gpus = 0.0 if args.shard_gpus is None else args.shard_gpus
     refuse_run_folder(Path(args.out))  # before any shard runs: the merge goes there
     if args.ray and find_spec("ray") is None:
         raise UsageError("--ray: ray is not installed (pip install 'kvparity[ray]')")
