@@ -286,28 +286,21 @@ LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 
 
 @LINUX_ONLY
-def test_a_shard_whose_ray_worker_dies_ends_its_run_with_a_report(tmp_path):
+def test_a_shard_whose_ray_worker_dies_ends_its_run_with_a_report_and_is_merged(tmp_path):
     """A Ray task's worker killed under its shard (Ray's memory monitor, the OOM killer): Ray 2.60's raylet
     then sends SIGTERM to the worker's process group and SIGKILL 200 ms later, whatever
     `kill_child_processes_on_worker_exit` says. The shard was in that group: its history ended
     `interrupted`, cut before its report (no results.json). In a group of its own, its parent-death SIGTERM
-    ends its run with a report, as a killed campaign's shards end theirs."""
+    ends its run with a report, as a killed campaign's shards end theirs. And though its task failed in Ray,
+    the shard ended its run in a folder this machine sees: the campaign merges it (error: interrupted, with
+    what it recorded and found), as a local campaign merges a shard killed under it, instead of calling it
+    "left no run folder" and leaving its examples out of the merged report."""
     out, code, printed = _campaign_whose_worker_dies(tmp_path)
     assert code == 3, printed[-2000:]
     (history,) = out.glob("shards/1/*/*/history.jsonl")
     assert '"event":"interrupted","cause":"SIGTERM' in history.read_text()
     results = json.loads((history.parent / "results.json").read_text())
     assert results["verdict"] == "error" and results["interrupted"], results.get("errors")
-
-
-@LINUX_ONLY
-def test_a_shard_whose_ray_worker_died_is_merged_from_the_folder_it_left(tmp_path):
-    """Its task failed in Ray, but the shard ended its run in a folder this machine sees: the campaign merges
-    it (error: interrupted, with what it recorded and found), as a local campaign merges a shard killed under
-    it, instead of calling it "left no run folder" and leaving its examples out of the merged report."""
-    out, code, printed = _campaign_whose_worker_dies(tmp_path)
-    assert code == 3, printed[-2000:]
-    (history,) = out.glob("shards/1/*/*/history.jsonl")
     merged = json.loads((out / "results.json").read_text())
     assert [s["run_dir"] for s in merged["campaign"]["shards"]] == [str(history.parent)], printed[-2000:]
     assert merged["verdict"] == "error" and merged["examples"] >= 400

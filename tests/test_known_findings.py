@@ -35,11 +35,12 @@ def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def run(tmp_path: Path, fault: str, *args: str, seed: str = "0", checks: str = CHECKS) -> tuple[int, dict]:
+def run(tmp_path: Path, fault: str, *args: str, seed: str = "0", checks: str = CHECKS,
+        examples: int = 20) -> tuple[int, dict]:
     """One `kvparity run` in-process; its exit code and results.json."""
     out = tmp_path / f"runs-{len(list(tmp_path.glob('runs-*')))}"
     code = main(["run", "--engine", "reference", "--engine-arg", f"fault={fault}", "--report-dir", str(out),
-                 "--seed", seed, "--max-examples", "20", "--no-shrink", "-q", "--checks", checks, *args])
+                 "--seed", seed, "--max-examples", str(examples), "--no-shrink", "-q", "--checks", checks, *args])
     (run_dir,) = out.glob("*/*")
     return code, json.loads((run_dir / "results.json").read_text()) | {"dir": str(run_dir)}
 
@@ -142,7 +143,8 @@ def test_known_findings_are_waived_recorded_and_reported_fixed(tmp_path, capsys)
     # the known bug fixed: reported as fixed; --strict-known fails the run so the file is kept current,
     # and the same run judged without it passes (one run of the fixed engine, judged both ways)
     capsys.readouterr()
-    code, strict = run(tmp_path, "none", "--known", str(baseline), "--strict-known", checks="prefix_only")
+    code, strict = run(tmp_path, "none", "--known", str(baseline), "--strict-known", checks="prefix_only",
+                       examples=6)  # a fixed engine: no count of examples shows the bug
     assert code == 1 and strict["verdict"] == "fail"
     assert [e["signature"] for e in strict["known"]["fixed"]] == [entries[0]["signature"]]
     assert f"FIXED known finding {entries[0]['signature']}" in capsys.readouterr().out
