@@ -40,6 +40,7 @@ MAX_WITNESS_BYTES = 16 * MIB  # witnesses, calibrations, results.json: tens to h
 # A history is read line by line (never held whole as text): 2-36 KB an example in the committed runs, so
 # 1 GiB is a shard of ~30,000-500,000 examples, whose parsed events need several GiB of memory to judge.
 MAX_HISTORY_BYTES = 1024 * MIB
+MAX_LINE_BYTES = 64 * MIB  # one event: a batch with its results and snapshot is KBs to a few MB
 MAX_DEPTH = 100  # kvparity writes ~10 levels; json.loads recurses once per level
 
 # --------------------------------------------------------------------------- size
@@ -86,8 +87,11 @@ def capped_lines(path: str | os.PathLike[str], cap: int, what: str) -> Iterable[
     seen = 0
     with (gzip.open(path, "rb") if packed else open(path, "rb")) as fh:
         try:
-            for raw in fh:
+            while raw := fh.readline(min(cap - seen, MAX_LINE_BYTES) + 1):  # bounded: nor is one endless line
                 seen += len(raw)
+                if len(raw) > MAX_LINE_BYTES:
+                    raise UsageError(f"{what} {path} has a line over the {MAX_LINE_BYTES // MIB} MiB a line may be; "
+                                     "refused")
                 if seen > cap:
                     if packed:
                         raise UsageError(f"{what} {path} decompresses to more than {cap // MIB} MiB; refused")

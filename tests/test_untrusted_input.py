@@ -277,6 +277,20 @@ def test_an_oversized_history_is_refused_without_reading_it(tmp_path, capsys):
     assert "over the 1024 MiB a history may be" in one_line_error(capsys)
 
 
+def test_a_gzipped_history_of_one_endless_line_is_refused_without_holding_it(tmp_path, capsys):
+    """A committed-style history.jsonl.gz that decompresses to a 320 MB line: refused in one line, the
+    memory bounded by the 64 MiB a line may be (it was read up to the whole history cap)."""
+    import gzip
+
+    (tmp_path / "run").mkdir()
+    with gzip.open(tmp_path / "run" / "history.jsonl.gz", "wb", compresslevel=1) as fh:
+        for _ in range(20):
+            fh.write(b"x" * (16 * untrusted.MIB))
+    code, peak = peak_bytes(lambda: main(["report", str(tmp_path / "run")]))
+    assert code == 3 and peak < 192 * untrusted.MIB, peak  # the old reading held 256 MiB and more
+    assert "has a line over the 64 MiB a line may be" in one_line_error(capsys)
+
+
 def test_a_long_shard_s_history_is_read_line_by_line_past_the_old_cap(tmp_path):
     """A 10,000-example nightly shard wrote a 357 MB history, over the 256 MiB cap a history had, so
     `kvparity merge` and `kvparity report` refused a correct engine's long shard as an error. The cap is

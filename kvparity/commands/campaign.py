@@ -108,9 +108,9 @@ def work(args: argparse.Namespace) -> int:
             beyond.append(f"shard {i}/{args.shards} left no run folder (exit {o['exit']}): {last}")
         elif o["exit"] is None:  # a Ray task that failed, whose shard's run folder is on this machine
             beyond.append(f"shard {i}/{args.shards}: its process's end was not seen: {last}")
-        elif stopped is None and o["exit"] != reported_exit(Path(o["run_dir"])):
+        elif stopped is None and o["exit"] != (told := reported_exit(Path(o["run_dir"]))):
             beyond.append(f"shard {i}/{args.shards} exited {o['exit']}, not the exit code its report gives "
-                          f"({reported_exit(Path(o['run_dir']))}): its process did not end as its run did")
+                          f"({told}): its process did not end as its run did")
     code = merge_into(out, run_dirs, beyond)
     if stopped is not None:  # the merge says error (interrupted shards); the exit says how, as `run`'s does
         from conformance import stopping
