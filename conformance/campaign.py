@@ -117,9 +117,10 @@ def _wait_for_shards(waiting: list, jobs: int, cwd: str, count: int,
 def run_campaign(run_args: Sequence[str], count: int, out: Path, executor: str = "local", jobs: int | None = None,
                  num_cpus: float = 1, num_gpus: float = 0, address: str | None = None,
                  per_shard: Sequence[Sequence[str]] = ()) -> tuple[list[dict[str, Any]], list[Path], int | None]:
-    """Run `count` shards of `kvparity run RUN_ARGS` (its `--seed` the campaign's: `campaign_seed`) into `out/shards/<i>/`, shard i with its own engine
-    arguments `per_shard[i - 1]` if given; each shard's outcome, the run folders they left (a shard that left none
-    is missing from the merge), and the stop signal that cut the campaign short (None: none did)."""
+    """Run `count` shards of `kvparity run RUN_ARGS` (its `--seed` the campaign's: `campaign_seed`) into
+    `out/shards/<i>/`, shard i with its own engine arguments `per_shard[i - 1]` if given; each shard's outcome,
+    the run folders they left (a shard that left none is missing from the merge), and the stop signal that cut
+    the campaign short (None: none did)."""
     dirs = [out / "shards" / str(i) for i in range(1, count + 1)]
     for d in dirs:  # a folder used again: an earlier campaign's output is not this one's
         (d / CONSOLE).unlink(missing_ok=True)

@@ -218,7 +218,7 @@ def merge(run_dirs: Sequence[Path]) -> tuple[History, Analysis, dict[str, Any]]:
                          "shrink_steps": shrink_steps(run),
                          "seed": run.history.meta.get("seed"), "history_digest": run.history.digest,
                          "own_engine_args": own_engine_args(run),
-                         **recorded(run.run_dir)} for first, last, run in ranges],
+                         **stated(run.run_dir)} for first, last, run in ranges],
              "problems": [p for r in runs for p in r.problems] + problems}
     return history, analysis, {**block, "_ranges": ranges}
 
@@ -231,17 +231,15 @@ def own_engine_args(run: ShardRun) -> dict[str, Any]:
     return {k: recorded_args.get(k) for k in run.shard.own_engine_args}
 
 
-def recorded(run_dir: Path) -> dict[str, Any]:
+def stated(run_dir: Path) -> dict[str, Any]:
     """What the shard's own results.json states: its verdict and its findings' signatures (for the
     table and for which shards found a finding; the verdict is judged from the histories). The file was
     written from this very history (`refuse_unmatched` compared their digests)."""
-    from conformance.untrusted import read_json
+    from conformance.reanalysis import recorded
 
-    try:
-        data = read_json(run_dir / "results.json", "results.json")
-        verdict = data.get("verdict")
-        found = [fd["signature"]["signature"] for fd in data.get("findings") or []]
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
-        return {"verdict": None, "signatures": []}
+    data = recorded(run_dir)
+    verdict = data.get("verdict")
+    signed = [fd.get("signature") for fd in data.get("findings") or [] if isinstance(fd, dict)]
     return {"verdict": verdict if isinstance(verdict, str) else None,
-            "signatures": [s for s in found if isinstance(s, str)]}
+            "signatures": [s["signature"] for s in signed
+                           if isinstance(s, dict) and isinstance(s.get("signature"), str)]}

@@ -220,20 +220,23 @@ def run_ray(argvs: Sequence[Sequence[str]], report_dirs: Sequence[Path], num_cpu
                         ray.get(board.stop.remote())
                     told = True
             hear()
-            return [task_outcome(ref, d, b) for ref, d, b in zip(refs, report_dirs, before)], signals.first
+            reports_by = time.monotonic() + REPORT_WAIT_S  # one wait for every dead task's shard, not one each
+            outcomes = [task_outcome(ref, d, b, reports_by) for ref, d, b in zip(refs, report_dirs, before)]
+            return outcomes, signals.first
     finally:
         if started:
             ray.shutdown()
 
 
-def task_outcome(ref: Any, folder: Path, before: set[Path] = frozenset()) -> dict[str, Any]:
+def task_outcome(ref: Any, folder: Path, before: set[Path] = frozenset(),
+                 reports_by: float = 0.0) -> dict[str, Any]:
     """A Ray task's outcome, its run folder gathered into `folder` (`gathered`); one that failed in Ray (its
     worker died, or `run_shard` raised: a report folder it cannot make on its node) or sent what cannot be
     written here is a shard without an exit code, with the reason — the campaign still merges the
     others, and says error, instead of losing them all in a traceback. A shard whose worker died goes on to
     end its run with a report (its parent-death SIGTERM): where this machine sees the run folder it made
     (one not among `before`), that folder is merged, as a local shard's is, once its report is written
-    (or `REPORT_WAIT_S` passed), not called missing with its findings left out."""
+    (or the clock passed `reports_by`), not called missing with its findings left out."""
     import ray
 
     try:
@@ -241,10 +244,8 @@ def task_outcome(ref: Any, folder: Path, before: set[Path] = frozenset()) -> dic
     except ray.exceptions.RayError as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         made = sorted(run_folders(folder) - before)
-        if made:
-            deadline = time.monotonic() + REPORT_WAIT_S
-            while not (made[-1] / "results.json").is_file() and time.monotonic() < deadline:
-                time.sleep(stopping.POLL_S)
+        while made and not (made[-1] / "results.json").is_file() and time.monotonic() < reports_by:
+            time.sleep(stopping.POLL_S)
         return outcome(None, str(made[-1]) if made else None,
                        f"the Ray task failed: {lines[-1] if lines else exc!r}")
     except (OSError, ValueError, tarfile.TarError) as exc:

@@ -64,7 +64,7 @@ class HistoryWriter:
     Each event, already normalised through JSON (so analysing in memory and analysing the file on disk see
     exactly the same data), goes to `sink` — by default `events`, a list. A run gives its own sink (the
     History it checks grows as events are written) and `events` stays empty: a second copy of every event,
-    as parsed JSON, was half of a long run's memory. Numbers must be finite (`allow_nan=False`):
+    as parsed JSON, was a fifth of a long run's memory. Numbers must be finite (`allow_nan=False`):
     NaN is not JSON. After a failed write the file is left as it is (everything before the failure is
     kept) and later events are kept in memory only, so the run can still say what it saw.
     """
@@ -129,14 +129,11 @@ class NotAHistory(ValueError):
 
 def read_events(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:
     """Read a JSONL history: (events, problems). Reading stops at the first line that is not an event —
-    what follows cannot be placed — and says which line it was; a torn last line (no newline, not JSON)
-    is reported as a crash mid-write. An empty file, or one whose first event is not `run_start`, raises
-    `NotAHistory`."""
-    path = Path(path)
-    events: list[dict[str, Any]] = []
-    problems: list[str] = []
-    for number, (line, ended) in enumerate(untrusted.capped_lines(path, untrusted.MAX_HISTORY_BYTES, "history"),
-                                           start=1):
+    what follows cannot be placed — and says which line it was; a torn last line (no newline, not JSON) is
+    a crash mid-write. An empty file, or one whose first event is not `run_start`, raises `NotAHistory`."""
+    path, events, problems, number = Path(path), [], [], 0
+    for number, (line, ended) in enumerate(untrusted.capped_lines(path, untrusted.MAX_HISTORY_BYTES, "history",
+                                                                  untrusted.MAX_HISTORY_EVENTS), start=1):
         if not line.strip():
             continue
         try:
@@ -150,11 +147,12 @@ def read_events(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], lis
                 problems.append(f"{path.name} line {number} is not a history event; "
                                 f"lines after {number - 1} were not read")
             break
+        if not events and ev["event"] != "run_start":  # refused at once, not after the whole file is parsed
+            break
         events.append(ev)
-    if not events and not problems:
-        raise NotAHistory(f"{path} is empty: not a kvparity history")
-    if not events or events[0]["event"] != "run_start":
-        raise NotAHistory(f"{path} does not start with a run_start event: not a kvparity history")
+    if not events:
+        raise NotAHistory(f"{path} is empty: not a kvparity history" if number == 0 else
+                          f"{path} does not start with a run_start event: not a kvparity history")
     untrusted.check_history_configs(events, str(path))
     return events, problems
 

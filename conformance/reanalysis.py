@@ -78,6 +78,8 @@ def read_verified(run_dir: Path) -> Verified:
         history = parse(events)
     except NotAHistory as exc:
         raise UsageError(str(exc)) from None
+    except UsageError:  # already one line (a cap, a damaged gzip): not re-worded
+        raise
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
     said = recorded(run_dir)

@@ -6,7 +6,8 @@ before it costs memory, crashes the reader or reaches an engine. What is checked
 
 - size: a file is measured before it is read, and at most `cap + 1` bytes are ever read (a file that
   grows, or a device such as /dev/zero, cannot make the read unbounded). A 1 GB witness used to take
-  3.6 GB of memory to be refused;
+  3.6 GB of memory to be refused. A history is read a line at a time, each line bounded, its events
+  counted (a gzipped one is measured decompressed before any line is parsed);
 - depth: JSON nested deeper than `MAX_DEPTH` is refused by a scan of its brackets outside strings,
   *before* `json.loads` recurses (100,000 nested lists were a RecursionError traceback);
 - hosts: engine arguments a witness carries that name a host (`base_url=`, `host=`, any `scheme://`)
@@ -16,9 +17,9 @@ before it costs memory, crashes the reader or reaches an engine. What is checked
 - configurations: a `configure` step may only choose values the engine declares in its
   `config_space`; `pool_tokens=10**12` in a witness made the reference engine allocate for minutes.
 
-The caps fit real use with a wide margin: committed witnesses are tens of KB, a `ci` history about
-1.5 MB per 100 examples (so a `nightly` one, 1000 examples, some 15-20 MB), and nothing kvparity
-writes nests deeper than about ten levels.
+The caps fit real use with a wide margin: committed witnesses are tens of KB, a history 2-36 KB an
+example (a 10,000-example nightly shard wrote 357 MB), and nothing kvparity writes nests deeper than
+about ten levels.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ MAX_WITNESS_BYTES = 16 * MIB  # witnesses, calibrations, results.json: tens to h
 # 1 GiB is a shard of ~30,000-500,000 examples, whose parsed events need several GiB of memory to judge.
 MAX_HISTORY_BYTES = 1024 * MIB
 MAX_LINE_BYTES = 64 * MIB  # one event: a batch with its results and snapshot is KBs to a few MB
+# Parsed, an event costs up to ~20x its line (a 14-byte line is a ~290-byte dict): the count bounds the
+# memory a file of tiny lines takes, far above a real run's 10-50 events an example.
+MAX_HISTORY_EVENTS = 4_000_000
 MAX_DEPTH = 100  # kvparity writes ~10 levels; json.loads recurses once per level
 
 # --------------------------------------------------------------------------- size
@@ -51,7 +55,7 @@ def _too_big(path: Path, what: str, size: int | str, cap: int) -> UsageError:
                       f"refused without reading it")
 
 
-def read_capped(path: str | os.PathLike[str], cap: int, what: str, errors: str = "strict") -> str:
+def read_capped(path: str | os.PathLike[str], cap: int, what: str) -> str:
     """The text of `path`, refused (one-line UsageError) when it is not a regular file or is larger
     than `cap` bytes. The size is checked before reading and the read itself is bounded, so neither a
     huge file nor one that grows meanwhile is ever held whole. OSError (missing, unreadable) is left to
@@ -66,59 +70,68 @@ def read_capped(path: str | os.PathLike[str], cap: int, what: str, errors: str =
         data = fh.read(cap + 1)
     if len(data) > cap:
         raise _too_big(path, what, f"more than {cap}", cap)
-    if path.name.endswith(".gz"):  # a committed history: the cap bounds what it decompresses to, too
-        data = _gunzip_capped(path, data, cap, what)
-    return data.decode("utf-8", errors=errors)
+    return data.decode("utf-8")
 
 
-def capped_lines(path: str | os.PathLike[str], cap: int, what: str) -> Iterable[tuple[str, bool]]:
-    """The lines of `path` (a `.gz` one decompressed), each as (text, ended by a newline), read one at a
-    time so the text is never held whole; refused (one-line UsageError) when it is not a regular file or
-    holds more than `cap` bytes (decompressed). A line break is \\n, \\r\\n or a lone \\r. Undecodable
-    bytes are replaced: the caller reads the line as JSON, which refuses them."""
-    import gzip
-
+def capped_lines(path: str | os.PathLike[str], cap: int, what: str,
+                 max_lines: int) -> Iterable[tuple[str, bool]]:
+    """The lines of `path` (a `.gz` one decompressed), each as (text, ended by a line break), read one at a
+    time so the text is never held whole; refused (one-line UsageError) when it is not a regular file,
+    holds more than `cap` bytes (a gzipped one measured decompressed, before its first line is given),
+    a line over `MAX_LINE_BYTES` or more than `max_lines` lines. A line break is \\n, \\r\\n or a lone \\r. Undecodable bytes are
+    replaced: the caller reads the line as JSON, which refuses them."""
     path = Path(path)
     if not stat.S_ISREG(os.stat(path).st_mode):
         raise UsageError(f"{what} {path} is not a regular file")
-    packed = path.name.endswith(".gz")
-    if not packed and os.stat(path).st_size > cap:
+    if path.name.endswith(".gz"):
+        _gunzipped_size(path, cap, what)  # a gzip bomb is refused before anything of it is parsed
+    elif os.stat(path).st_size > cap:
         raise _too_big(path, what, os.stat(path).st_size, cap)
-    seen = 0
-    with (gzip.open(path, "rb") if packed else open(path, "rb")) as fh:
-        try:
-            while raw := fh.readline(min(cap - seen, MAX_LINE_BYTES) + 1):  # bounded: nor is one endless line
-                seen += len(raw)
-                if len(raw) > MAX_LINE_BYTES:
-                    raise UsageError(f"{what} {path} has a line over the {MAX_LINE_BYTES // MIB} MiB a line may be; "
-                                     "refused")
-                if seen > cap:
-                    if packed:
-                        raise UsageError(f"{what} {path} decompresses to more than {cap // MIB} MiB; refused")
-                    raise _too_big(path, what, f"more than {cap}", cap)
-                ended = raw.endswith(b"\n")
-                parts = raw.decode("utf-8", errors="replace").removesuffix("\n").removesuffix("\r").split("\r")
-                for k, part in enumerate(parts):
-                    yield part, ended or k < len(parts) - 1
-        except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError; EOFError: cut short
-            if not packed:
-                raise
-            raise UsageError(f"{what} {path} is not a readable gzip file: {exc}") from None
+    seen = lines = 0
+    with _opened(path) as fh:
+        while raw := _gz_read(path, what, lambda: fh.readline(min(cap - seen, MAX_LINE_BYTES) + 1)):
+            seen, lines = seen + len(raw), lines + 1
+            if lines > max_lines:
+                raise UsageError(f"{what} {path} has over {max_lines:,} lines; refused")
+            if len(raw) > MAX_LINE_BYTES:
+                raise UsageError(f"{what} {path} has a line over the {MAX_LINE_BYTES // MIB} MiB a line may be; "
+                                 "refused")
+            if seen > cap:
+                raise _too_big(path, what, f"more than {cap}", cap)
+            ended = raw.endswith((b"\n", b"\r"))
+            parts = raw.decode("utf-8", errors="replace").removesuffix("\n").removesuffix("\r").split("\r")
+            for k, part in enumerate(parts):
+                yield part, ended or k < len(parts) - 1
 
 
-def _gunzip_capped(path: Path, data: bytes, cap: int, what: str) -> bytes:
-    """The decompressed bytes of a gzip file, at most `cap` of them (a gzip bomb is refused, not held)."""
+def _opened(path: Path) -> Any:
     import gzip
-    import io
+
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def _gz_read(path: Path, what: str, read: Any) -> bytes:
+    """`read()`, a damaged or cut gzip stream refused in one line (zlib.error is neither an OSError nor
+    an EOFError); a plain file's OSError is left to the caller."""
+    import zlib
 
     try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as fh:
-            plain = fh.read(cap + 1)
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError; EOFError: cut short
+        return read()
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError; EOFError: cut short
+        if not path.name.endswith(".gz"):
+            raise
         raise UsageError(f"{what} {path} is not a readable gzip file: {exc}") from None
-    if len(plain) > cap:
-        raise UsageError(f"{what} {path} decompresses to more than {cap // MIB} MiB; refused")
-    return plain
+
+
+def _gunzipped_size(path: Path, cap: int, what: str) -> int:
+    """What a gzip file decompresses to, read in chunks and thrown away; refused past `cap`."""
+    size = 0
+    with _opened(path) as fh:
+        while chunk := _gz_read(path, what, lambda: fh.read(MIB)):
+            size += len(chunk)
+            if size > cap:
+                raise UsageError(f"{what} {path} decompresses to more than {cap // MIB} MiB; refused")
+    return size
 
 
 # --------------------------------------------------------------------------- depth

@@ -231,7 +231,7 @@ def test_the_writer_chains_every_line_and_seals_run_end(tmp_path):
 
 def test_a_writer_with_a_sink_hands_each_event_over_once_and_still_seals_them_all(tmp_path):
     """A run's writer feeds its History through a sink; a second copy of every event in `events` (parsed
-    JSON) was half of a long run's live memory. The seal counts every event written either way."""
+    JSON) was a fifth of a long run's memory. The seal counts every event written either way."""
     from conformance.history import HistoryWriter, read_events
     from conformance.history_chain import VERIFIED, verify
 

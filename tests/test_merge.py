@@ -380,6 +380,7 @@ def test_a_ray_campaign_on_a_cluster_named_by_ray_address_leaves_the_store_to_it
     not this driver, so the URL is checked and not the connection. It refused, exit 3, a store only the
     nodes have (the driver's own 127.0.0.1 has none); with `--ray-address` it went on. The check of the
     cluster's address, and what follows it, are not under test: the parse stops there."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
     from conformance import campaign_ray
     from kvparity.commands import campaign as command
 

@@ -291,6 +291,60 @@ def test_a_gzipped_history_of_one_endless_line_is_refused_without_holding_it(tmp
     assert "has a line over the 64 MiB a line may be" in one_line_error(capsys)
 
 
+def _gzipped(path: Path, line: bytes, total: int) -> Path:
+    import gzip
+
+    with gzip.open(path, "wb", compresslevel=1) as fh:
+        chunk = line * (untrusted.MIB // len(line))
+        for _ in range(total // len(chunk) + 1):
+            fh.write(chunk)
+    return path
+
+
+def test_a_gzipped_history_of_tiny_lines_is_measured_before_any_is_parsed(tmp_path, capsys):
+    """A few MB of gzip that decompress to over 1 GiB of 14-byte events: each parsed is a ~290-byte dict,
+    so parsing up to the cap before noticing it would take ~20 GB. Measured first, then refused."""
+    (tmp_path / "run").mkdir()
+    _gzipped(tmp_path / "run" / "history.jsonl.gz", b'{"event":"x"}\n', untrusted.MAX_HISTORY_BYTES)
+    code, peak = peak_bytes(lambda: main(["report", str(tmp_path / "run")]))
+    assert code == 3 and peak < 32 * untrusted.MIB, peak
+    assert "decompresses to more than 1024 MiB" in one_line_error(capsys)
+
+
+def test_a_history_that_does_not_start_with_run_start_is_refused_at_its_first_line(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    with open(tmp_path / "run" / "history.jsonl", "w") as fh:
+        fh.write('{"event":"x"}\n' * 2_000_000)  # 28 MB: ~600 MB of dicts, had they all been parsed first
+    code, peak = peak_bytes(lambda: main(["report", str(tmp_path / "run")]))
+    assert code == 3 and peak < 32 * untrusted.MIB, peak
+    assert "does not start with a run_start event" in one_line_error(capsys)
+
+
+def test_a_damaged_gzipped_history_is_one_line_and_exit_3(tmp_path, capsys):
+    """zlib.error (damaged deflate data) is neither an OSError nor an EOFError: it crashed the reader."""
+    import gzip
+
+    (tmp_path / "run").mkdir()
+    packed = gzip.compress(b"".join(b'{"event":"run_start","n":%d}\n' % i for i in range(20000)))
+    broken = packed[:len(packed) // 2] + bytes(b ^ 0x55 for b in packed[len(packed) // 2:len(packed) // 2 + 64]) \
+        + packed[len(packed) // 2 + 64:]
+    (tmp_path / "run" / "history.jsonl.gz").write_bytes(broken)
+    assert main(["report", str(tmp_path / "run")]) == 3
+    assert "is not a readable gzip file" in one_line_error(capsys)
+
+
+def test_a_line_broken_by_a_lone_cr_at_the_end_is_not_torn(tmp_path):
+    lines = list(untrusted.capped_lines(_write(tmp_path / "h", b'{"a":1}\r{"b":2}\r'), untrusted.MIB, "history", 10))
+    assert lines == [('{"a":1}', True), ('{"b":2}', True)]
+    lines = list(untrusted.capped_lines(_write(tmp_path / "h", b'{"a":1}\r\n{"b":2'), untrusted.MIB, "history", 10))
+    assert lines == [('{"a":1}', True), ('{"b":2', False)]  # no line break after it: torn
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
 def test_a_long_shard_s_history_is_read_line_by_line_past_the_old_cap(tmp_path):
     """A 10,000-example nightly shard wrote a 357 MB history, over the 256 MiB cap a history had, so
     `kvparity merge` and `kvparity report` refused a correct engine's long shard as an error. The cap is
@@ -312,8 +366,9 @@ def test_the_caps_fit_every_committed_file():
     histories = list((ROOT / "reports").rglob("history.jsonl*"))  # committed ones are gzipped
     witnesses = list((ROOT / "reports").rglob("witnesses/*.json"))
     assert histories and witnesses
-    assert max(len(untrusted.read_capped(p, untrusted.MAX_HISTORY_BYTES, "history")) for p in histories) * 16 \
-        < untrusted.MAX_HISTORY_BYTES
+    sizes = [sum(len(line) for line, _ in untrusted.capped_lines(p, untrusted.MAX_HISTORY_BYTES, "history",
+                                                                   untrusted.MAX_HISTORY_EVENTS)) for p in histories]
+    assert max(sizes) * 16 < untrusted.MAX_HISTORY_BYTES
     assert max(p.stat().st_size for p in witnesses) * 100 < untrusted.MAX_WITNESS_BYTES
 
 

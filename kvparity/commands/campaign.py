@@ -125,12 +125,9 @@ def reported_exit(run_dir: Path) -> int | None:
     """The exit code a shard's results.json gives (None: none readable). A shard whose process ended
     otherwise — its supervisor killed after the run wrote its verdict — left a sound, sealed run folder
     that merged as PASS while its exit said it died."""
-    from conformance.untrusted import read_json
+    from conformance.reanalysis import recorded
 
-    try:
-        code = read_json(run_dir / "results.json", "results.json").get("exit_code")
-    except (OSError, ValueError, AttributeError):
-        return None
+    code = recorded(run_dir).get("exit_code")
     return code if isinstance(code, int) else None
 
 
