@@ -78,13 +78,13 @@ def capped_lines(path: str | os.PathLike[str], cap: int, what: str,
     """The lines of `path` (a `.gz` one decompressed), each as (text, ended by a line break), read one at a
     time so the text is never held whole; refused (one-line UsageError) when it is not a regular file,
     holds more than `cap` bytes (a gzipped one measured decompressed, before its first line is given),
-    a line over `MAX_LINE_BYTES` or more than `max_lines` lines. A line break is \\n, \\r\\n or a lone \\r. Undecodable bytes are
-    replaced: the caller reads the line as JSON, which refuses them."""
+    a line over `MAX_LINE_BYTES` or more than `max_lines` lines. A line break is \\n, \\r\\n or a lone
+    \\r. Undecodable bytes are replaced: the caller reads the line as JSON, which refuses them."""
     path = Path(path)
     if not stat.S_ISREG(os.stat(path).st_mode):
         raise UsageError(f"{what} {path} is not a regular file")
     if path.name.endswith(".gz"):
-        _gunzipped_size(path, cap, what)  # a gzip bomb is refused before anything of it is parsed
+        _refuse_gzip_over(path, cap, what)  # a gzip bomb is refused before anything of it is parsed
     elif os.stat(path).st_size > cap:
         raise _too_big(path, what, os.stat(path).st_size, cap)
     seen = lines = 0
@@ -123,15 +123,14 @@ def _gz_read(path: Path, what: str, read: Any) -> bytes:
         raise UsageError(f"{what} {path} is not a readable gzip file: {exc}") from None
 
 
-def _gunzipped_size(path: Path, cap: int, what: str) -> int:
-    """What a gzip file decompresses to, read in chunks and thrown away; refused past `cap`."""
+def _refuse_gzip_over(path: Path, cap: int, what: str) -> None:
+    """Refuse a gzip file that decompresses to more than `cap` bytes (read in chunks, thrown away)."""
     size = 0
     with _opened(path) as fh:
         while chunk := _gz_read(path, what, lambda: fh.read(MIB)):
             size += len(chunk)
             if size > cap:
                 raise UsageError(f"{what} {path} decompresses to more than {cap // MIB} MiB; refused")
-    return size
 
 
 # --------------------------------------------------------------------------- depth

@@ -59,7 +59,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     # every local shard's engine on the same GPU, `--ray-address` without it run the shards here.
     other = ["--jobs"] if args.ray else ["--ray-address", "--shard-cpus", "--shard-gpus"]
     for option in other:
-        if getattr(args, option.lstrip("-").replace("-", "_")) is not None:
+        if getattr(args, _dest(option)) is not None:
             raise UsageError(f"{option} is for {'local shards, not --ray' if args.ray else '--ray'}; leave it out")
     args.shard_cpus = 1.0 if args.shard_cpus is None else args.shard_cpus
     args.shard_gpus = 0.0 if args.shard_gpus is None else args.shard_gpus
@@ -72,8 +72,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = run_parser()
     run = parser.parse_args(rest)
     for option in SET_BY_CAMPAIGN:
-        dest = option.lstrip("-").replace("-", "_")
-        if getattr(run, dest) != parser.get_default(dest):
+        if getattr(run, _dest(option)) != parser.get_default(_dest(option)):
             raise UsageError(f"{option} is set by the campaign for each shard; leave it out")
     parse_engine_args([*run.engine_arg, *args.per_shard[0]])  # so is a key given as both kinds
     if is_url(run.database):  # so is a shared store that is not one, or (here, not a cluster's nodes) unreachable
@@ -86,6 +85,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         check_ray_address(args.ray_address)
     args.run_args = campaign_seed(rest, run.seed, run.profile)
     return args
+
+
+def _dest(option: str) -> str:
+    """argparse's attribute for `--an-option`."""
+    return option.lstrip("-").replace("-", "_")
 
 
 def work(args: argparse.Namespace) -> int:
