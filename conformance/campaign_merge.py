@@ -36,7 +36,7 @@ from conformance import known
 from conformance.analysis import Analysis, analyse, select_checks
 from conformance.checks import CHECKS
 from conformance.contract import UsageError
-from conformance.history import History, HistoryBuilder
+from conformance.history import Example, History
 from conformance.history_chain import VERIFIED
 from conformance.shards import Shard, shard_of
 from conformance.verdicts import combine
@@ -52,7 +52,6 @@ class ShardRun:
     """One given run folder: its verified events and shard, or why it cannot stand in the campaign."""
 
     run_dir: Path
-    events: list[dict[str, Any]] = field(factory=list)
     history: History | None = None
     shard: Shard | None = None
     campaign_seed: Any = None
@@ -74,7 +73,7 @@ def read_shard(run_dir: Path) -> ShardRun:
         run.problems.append(f"{run_dir}: {' '.join(str(exc).split())}")
         return run
     history, integrity, reading = verified.history, verified.integrity, verified.problems
-    run.events, run.history = verified.events, history
+    run.history = history
     if integrity.status != VERIFIED:
         run.problems.append(f"{run_dir}: {integrity.line()}; a campaign's shards must be sealed")
     found = shard_of(history.meta)
@@ -131,27 +130,24 @@ def common(run: ShardRun, key: str) -> Any:
 
 def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int, int, ShardRun]]]:
     """The shards' examples as one History, in shard order, renumbered; and each shard's example range
-    (first, past-last). Each shard's `run_end` and `completion` are left out (the campaign's end is
-    set here); its engine errors are kept, named by shard."""
-    builder = HistoryBuilder()
+    (first, past-last). The examples are moved, not copied: each shard's History lends its own, renumbered
+    in place (`renumber`), so a merge holds each example once — it had held each shard's events three times
+    (read, parsed for the shard, parsed again for the campaign). Each shard's end and completion are left
+    out (the campaign's end is set here); its engine errors are kept, named by shard."""
+    h = History()
     ranges = []
     usable = sorted((r for r in runs if r.history is not None and r.shard is not None), key=lambda r: r.shard.index)
-    for k, run in enumerate(usable):
-        first, errors_before = len(builder.history.examples), len(builder.history.errors)
-        for ev in run.events:
-            kind = ev.get("event")
-            if kind in ("run_end", "completion", "interrupted") or (kind == "run_start" and k > 0):
-                continue
-            if kind == "example":
-                ev = renumbered(ev, first)
-            builder.feed(ev)
-        h = builder.history
-        h.errors[errors_before:] = [f"{run.name}: {e}" for e in h.errors[errors_before:]]
+    for run in usable:
+        first = len(h.examples)
+        for example in run.history.examples:
+            renumber(example, first)
+            h.examples.append(example)
+            h.errors += [f"{run.name}: {e}" for e in example.errors]  # the engine's, as recorded (not reading's)
+        h.baselines.update(run.history.baselines)
         ranges.append((first, len(h.examples), run))
-    h = builder.history
-    h.digest, h.in_flight = None, ()
-    h.meta = {k: v for k, v in h.meta.items() if k != "shard"}
     if usable:
+        h.meta = {k: v for k, v in usable[0].history.meta.items() if k != "shard"}
+        h.capabilities = usable[0].history.capabilities
         h.meta["engine_args"] = common(usable[0], "engine_args")  # each shard's own are in the shard table
     h.meta["seed"] = "per shard"
     h.meta["campaign"] = {"shards": len(usable), "campaign_seed": usable[0].campaign_seed if usable else None}
@@ -184,16 +180,19 @@ def judged(history: History, ranges: Sequence[tuple[int, int]], checks: Sequence
     return out
 
 
-def renumbered(example: dict[str, Any], first: int) -> dict[str, Any]:
-    """A shard's `example` event as example `first` + its own index of the campaign, with the examples its
-    probes re-send (`alone`, `kin`, `rebatch`: conformance.alone) moved with it. They had kept the shard's
-    own numbers and so pointed into shard 1's examples: a campaign of two vLLM shards lost the probes'
-    "another identity in its batch", and the known LoRA finding each shard waived failed the merge under
-    the signature of every scheduling bug."""
-    moved = {k: [[first + p[0], p[1]] if isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
-                 and not isinstance(p[0], bool) else p for p in example[k]]
-             for k in ("alone", "kin", "rebatch") if isinstance(example.get(k), list)}
-    return {**example, **moved, "index": first + int(example.get("index", 0))}
+def renumber(example: Example, first: int) -> None:
+    """A shard's example, in place, as example `first` + its own index of the campaign, with the examples
+    its probes re-send (`alone`, `kin`, `rebatch`: conformance.alone) moved with it. They had kept the
+    shard's own numbers and so pointed into shard 1's examples: a campaign of two vLLM shards lost the
+    probes' "another identity in its batch", and the known LoRA finding each shard waived failed the merge
+    under the signature of every scheduling bug."""
+    example.index += first
+    for key in ("alone", "kin", "rebatch"):
+        pairs = getattr(example, key)
+        if pairs is not None:
+            setattr(example, key, tuple((first + at, request_id) for at, request_id in pairs))
+    example.batches = [attrs.evolve(b, example=example.index) for b in example.batches]
+    example.failed_batches = [attrs.evolve(b, example=example.index) for b in example.failed_batches]
 
 
 def shrink_steps(run: ShardRun) -> int:

@@ -37,13 +37,11 @@ SUBFOLDER = "reanalysis"  # where a re-analysis goes when the run has its own ve
 @frozen
 class Verified:
     """A run folder's history, read and verified: the parsed history (its problems among its errors),
-    the chain's verdict, the raw events and the problems alone — reading problems, and how the run's
-    process died after its history ended where its results.json says so (a campaign merge replays the
-    events and reports the problems per shard)."""
+    the chain's verdict and the problems alone — reading problems, and how the run's process died after
+    its history ended where its results.json says so (a campaign merge reports them per shard)."""
 
     history: History
     integrity: Integrity
-    events: list[dict[str, Any]]
     problems: list[str]
 
 
@@ -88,7 +86,7 @@ def read_verified(run_dir: Path) -> Verified:
     if isinstance(died, str) and died and died not in problems:
         problems.append(died)  # what the history cannot say: its process died after it (the supervisor's)
     history.errors.extend(problems)
-    return Verified(history, integrity, events, list(problems))
+    return Verified(history, integrity, list(problems))
 
 
 def recorded(run_dir: Path) -> dict[str, Any]:

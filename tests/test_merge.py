@@ -525,13 +525,25 @@ def test_a_merge_keeps_what_each_shard_s_probes_found(tmp_path, capsys):
     assert code == 1 and {fd["signature"]["signature"] for fd in merged["findings"]} == signed[0] | signed[1], printed
 
 
-def test_a_renumbered_example_moves_its_probe_references_and_leaves_junk_as_it_was():
-    from conformance.campaign_merge import renumbered
+def test_a_renumbered_example_moves_its_batches_and_probe_references_with_it():
+    """A shard's example moved into the campaign keeps pointing at itself: its batches, its failed batch
+    and the examples its probes re-send all move by the same offset (junk in the event was never parsed)."""
+    from conformance.campaign_merge import renumber
+    from conformance.history import parse
 
-    ev = {"event": "example", "index": 2, "alone": [[1, "r3"], ["1", "r4"], "junk"], "kin": [[0, "r0"]],
-          "rebatch": "junk"}
-    assert renumbered(ev, 10) == {"event": "example", "index": 12, "alone": [[11, "r3"], ["1", "r4"], "junk"],
-                                  "kin": [[10, "r0"]], "rebatch": "junk"}
+    request = {"id": "r3", "prompt": [1, 2], "max_tokens": 1, "stop_ids": [], "identity": {}}
+    history = parse([{"event": "run_start"},
+                     {"event": "example", "index": 2, "alone": [[1, "r3"], ["1", "r4"], "junk"], "kin": [[0, "r0"]],
+                      "rebatch": "junk"},
+                     {"event": "submit", "requests": [request]},
+                     {"event": "batch", "results": [{"request_id": "r3", "output": [5], "finish_reason": "length"}]},
+                     {"event": "submit", "requests": [request]},
+                     {"event": "error", "cause": "boom", "snapshot": {"free_blocks": 1}}])
+    (example,) = history.examples
+    renumber(example, 10)
+    assert (example.index, example.alone, example.kin, example.rebatch) == (12, ((11, "r3"),), ((10, "r0"),), None)
+    assert [b.example for b in example.batches] == [12] and [b.example for b in example.failed_batches] == [12]
+    assert example.errors == ["boom"] and example.batches[0].requests[0].id == "r3"
 
 
 def test_report_of_a_merged_report_says_how_to_judge_it_again(runs, tmp_path, capsys):
