@@ -113,3 +113,33 @@ def test_a_campaign_killed_outright_takes_its_shards_with_it(out, executor):
     left = _wait_for_none_left(out, 60)
     assert not left, left
     assert all(c.startswith("SIGTERM") for c in _causes(out)) and len(_causes(out)) == 2, _causes(out)
+
+
+def test_the_campaign_echoes_its_shards_progress_lines_and_not_an_engines_progress_bar(tmp_path, capsys):
+    """A shard's console: kvparity's progress lines among an engine's own output, including a progress bar
+    that redraws one line with carriage returns for as long as the shard runs. Its progress lines are echoed,
+    named by shard, and the bar is neither echoed nor kept: 2 MB of it leave at most one line's tail held,
+    and what is read at one poll is the newest output, however much came since the last."""
+    from conformance.shard_process import CONSOLE, ProgressEcho
+
+    folders = [tmp_path / "1", tmp_path / "2"]
+    for folder in folders:
+        folder.mkdir()
+    console = folders[1] / CONSOLE
+    bar = "".join(f"\rProcessed prompts: {k}%|" for k in range(100)).encode()
+    console.write_bytes(b"INFO engine up\nkvparity: 10/100 examples, no failure\n" + bar
+                        + b"\nkvparity: 20/100 examples, no failure\n")
+    echo = ProgressEcho(folders)
+    echo()
+    assert capsys.readouterr().err.splitlines() == ["shard 2/2: 10/100 examples, no failure",
+                                                    "shard 2/2: 20/100 examples, no failure"]
+    with open(console, "ab") as out:
+        out.write(bar * 2000)  # ~2 MB, no newline
+    echo()
+    assert len(echo.partial[1]) <= ProgressEcho.LINE_CHARS and echo.offsets[1] == console.stat().st_size
+    with open(console, "ab") as out:
+        out.write(b"\rkvparity: 30/100 examples, no failure\r" + bar[:40])
+    echo()
+    assert capsys.readouterr().err.splitlines() == ["shard 2/2: 30/100 examples, no failure"]
+    echo.feed(0, bar * 2000)
+    assert len(echo.partial[0]) <= ProgressEcho.LINE_CHARS
