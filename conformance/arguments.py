@@ -20,6 +20,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def shard_count(text: str) -> int:
+    """`kvparity campaign --shards N`: 1 to `MAX_SHARDS` (each shard runs as `kvparity run --shard i/N`)."""
+    from conformance.shards import MAX_SHARDS
+
+    count = positive_int(text)
+    if count > MAX_SHARDS:
+        raise argparse.ArgumentTypeError(f"{count} is more than {MAX_SHARDS:,} shards")
+    return count
+
+
 def positive_seconds(text: str) -> float:
     try:
         value = float(text)

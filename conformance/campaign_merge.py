@@ -26,6 +26,7 @@ The exit code is the verdict's, as for `kvparity run`. The merged report (result
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -38,9 +39,10 @@ from conformance.checks import CHECKS
 from conformance.contract import UsageError
 from conformance.history import Example, History
 from conformance.history_chain import VERIFIED
-from conformance.shards import Shard, shard_of
+from conformance.shards import MAX_SHARDS, Shard, shard_of
 from conformance.verdicts import combine
 
+NAMED_MISSING = 10  # missing shards named in the problem; the rest counted
 # What every shard of one campaign must have recorded alike in its run_start. `strict_known` too: the merge
 # judges the known findings as the first shard recorded them, so a shard run `--strict-known` (FAIL: a
 # stale file) beside a first shard without it merged to PASS.
@@ -77,7 +79,10 @@ def read_shard(run_dir: Path) -> ShardRun:
     if integrity.status != VERIFIED:
         run.problems.append(f"{run_dir}: {integrity.line()}; a campaign's shards must be sealed")
     found = shard_of(history.meta)
-    if found is None:
+    if found is None and "shard" in history.meta:
+        run.problems.append(f"{run_dir}: not a shard: its run_start's shard record is not one a run writes "
+                            f"(i/n, 1 <= i <= n <= {MAX_SHARDS:,}): {str(history.meta['shard'])[:200]}")
+    elif found is None:
         run.problems.append(f"{run_dir}: not a shard (its run_start records none; run with --shard i/n)")
     else:
         run.shard, run.campaign_seed = found
@@ -112,9 +117,11 @@ def campaign_problems(runs: Sequence[ShardRun]) -> tuple[list[str], int | None]:
         if r.shard.index in seen:
             problems.append(f"shard {r.shard} given twice ({seen[r.shard.index].run_dir} and {r.run_dir})")
         seen.setdefault(r.shard.index, r)
-    missing = [i for i in range(1, count + 1) if i not in seen]
+    missing = count - len(seen)
     if missing:
-        problems.append(f"shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing: {count} declared, "
+        named = list(itertools.islice((i for i in range(1, count + 1) if i not in seen), NAMED_MISSING))
+        more = f" and {missing - len(named):,} more" if missing > len(named) else ""
+        problems.append(f"shard(s) {', '.join(f'{i}/{count}' for i in named)}{more} missing: {count} declared, "
                         f"{len(seen)} given")
     return problems, count
 

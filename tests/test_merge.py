@@ -201,6 +201,50 @@ def test_a_tampered_history_makes_the_campaign_error(runs, tmp_path, capsys):
     assert code == 3 and any("integrity" in e for e in merged["errors"]), merged["errors"]
 
 
+def _rechained(run_dir: Path, edit) -> Path:
+    """`run_dir`'s history with its run_start edited by `edit`, chained and sealed again and its results.json's
+    digest matched: a history that passes every integrity check (the chain has no secret) but says what a
+    run never writes."""
+    from conformance.history_chain import FIELD, GENESIS, chained_line
+
+    events = [{k: v for k, v in json.loads(line).items() if k != FIELD}
+              for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    edit(events[0])
+    chain, lines = GENESIS, []
+    for n, event in enumerate(events):
+        if event["event"] == "run_end":
+            event = {**event, "events": n, "sealed": chain}
+        line, chain = chained_line(chain, json.dumps(event, separators=(",", ":")))
+        lines.append(line)
+    (run_dir / "history.jsonl").write_text("\n".join(lines) + "\n")
+    results = _results(run_dir)
+    (run_dir / "results.json").write_text(json.dumps({**results, "history_digest": chain}))
+    return run_dir
+
+
+@pytest.mark.parametrize("count, problem", [(10**12, "not one a run writes"), (999_999, "and 999,987 more missing")])
+def test_a_history_is_not_trusted_with_the_size_of_its_campaign(runs, tmp_path, capsys, count, problem):
+    """A shard's run_start declared how many shards its campaign has, and the merge listed every one missing:
+    a history declaring 10**12 (chain and seal intact) held the merge for good (measured: 11 GB in 30 s).
+    Now n is at most what `--shard` accepts, and the missing shards past ten are counted, not listed."""
+    def declare(run_start):
+        run_start["shard"]["count"] = count
+
+    one = _rechained(_copy(runs["1"], tmp_path / "one"), declare)
+    two = _rechained(_copy(runs["2"], tmp_path / "two"), declare)
+    code, merged, printed = _merge(capsys, tmp_path / "m", one, two)
+    assert code == 3 and merged["verdict"] == "error", printed
+    lines = [e for e in merged["errors"] if problem in e]
+    assert lines and all(len(line) < 400 for line in lines), merged["errors"]
+
+
+def test_a_campaign_of_more_shards_than_a_shard_can_name_is_one_line_and_exit_3(tmp_path, capsys):
+    code = cli.main(["campaign", "--shards", "1000000", "--out", str(tmp_path / "c"), "--engine", "fake_engine:FakeDictEngine"])
+    err = capsys.readouterr().err
+    assert code == 3 and len(err.strip().splitlines()) == 1 and "999,999" in err, err
+    assert not (tmp_path / "c").exists()
+
+
 def test_an_unfinished_shard_makes_the_campaign_error(runs, tmp_path, capsys):
     two = _copy(runs["2"], tmp_path / "two")
     (two / "results.json").unlink()  # its process was killed before any verdict was written

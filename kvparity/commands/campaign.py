@@ -15,7 +15,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Sequence
 
-from conformance.arguments import positive_int, resource_amount
+from conformance.arguments import positive_int, resource_amount, shard_count
 from conformance.contract import UsageError
 from conformance.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS
 from kvparity.parsing import UsageParser, named, output_dir, run_command, summary
@@ -25,7 +25,7 @@ SET_BY_CAMPAIGN = ("--shard", "--report-dir")
 
 def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(prog="kvparity campaign", description=summary(__doc__), allow_abbrev=False)
-    p.add_argument("--shards", type=positive_int, required=True, metavar="N", help="how many shards")
+    p.add_argument("--shards", type=shard_count, required=True, metavar="N", help="how many shards (at most 999,999)")
     p.add_argument("--out", required=True, type=output_dir, metavar="DIR",
                    help="the campaign folder: shards/<i>/ and the merged report")
     p.add_argument("--ray", action="store_true",
