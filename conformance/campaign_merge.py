@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import attrs
 from attrs import define, field
@@ -140,9 +140,13 @@ def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int,
     (first, past-last). The examples are moved, not copied: each shard's History lends its own, renumbered
     in place (`renumber`), so a merge holds each example once — it had held each shard's events three times
     (read, parsed for the shard, parsed again for the campaign). Each shard's end and completion are left
-    out (the campaign's end is set here); its engine errors are kept, named by shard."""
+    out (the campaign's end is set here); its engine errors are kept, named by shard. The campaign's
+    baselines are the shards' where they agree: a request whose plain decoding differs between shards
+    (replicas on other hardware, an engine not deterministic across processes) has none in it — each shard's
+    examples are judged by its own (`judged`) — and `meta["campaign"]["baselines_differ"]` counts them."""
     h = History()
     ranges = []
+    differ: set[str] = set()
     usable = sorted((r for r in runs if r.history is not None and r.shard is not None), key=lambda r: r.shard.index)
     for run in usable:
         first = len(h.examples)
@@ -150,23 +154,31 @@ def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int,
             renumber(example, first)
             h.examples.append(example)
             h.errors += [f"{run.name}: {e}" for e in example.errors]  # the engine's, as recorded (not reading's)
-        h.baselines.update(run.history.baselines)
+        for key, base in run.history.baselines.items():
+            if h.baselines.setdefault(key, base) != base:
+                differ.add(key)
         ranges.append((first, len(h.examples), run))
+    for key in differ:  # no shard's plain decoding stands for another's (the checks use each shard's own)
+        del h.baselines[key]
     if usable:
         h.meta = {k: v for k, v in usable[0].history.meta.items() if k != "shard"}
         h.capabilities = usable[0].history.capabilities
         h.meta["engine_args"] = common(usable[0], "engine_args")  # each shard's own are in the shard table
     h.meta["seed"] = "per shard"
-    h.meta["campaign"] = {"shards": len(usable), "campaign_seed": usable[0].campaign_seed if usable else None}
+    h.meta["campaign"] = {"shards": len(usable), "campaign_seed": usable[0].campaign_seed if usable else None,
+                          "baselines_differ": len(differ)}
     duration = sum(float((r.history.ended or {}).get("duration_s") or 0) for r in usable)
     h.ended = {"event": "run_end", "examples": len(h.examples), "shrink_steps": sum(map(shrink_steps, usable)),
                "duration_s": round(duration, 3)}
     return h, ranges
 
 
-def judged(history: History, ranges: Sequence[tuple[int, int]], checks: Sequence[str] | None) -> Analysis:
-    """The campaign's analysis: each shard's examples judged as its own run judged them, the run-scoped
-    checks over all of them (coverage summed), the failures of every shard kept side by side.
+def judged(history: History, ranges: Sequence[tuple[int, int, Mapping[str, Any]]],
+           checks: Sequence[str] | None) -> Analysis:
+    """The campaign's analysis: each shard's examples (`ranges`: first, past-last, the shard's baselines)
+    judged as its own run judged them — by its own plain decoding: judged by another shard's, two replicas
+    that each PASSed merged to FAIL —, the run-scoped checks over all of them (coverage summed), the
+    failures of every shard kept side by side.
 
     Judged as one run, a check kept one failure per title across all shards — the last shard's — as a run
     keeps the last failure of a check (its shrunk witness). A shard's new bug was then displaced by a
@@ -178,7 +190,8 @@ def judged(history: History, ranges: Sequence[tuple[int, int]], checks: Sequence
     if not ranges or not scoped:
         return analyse(history, chosen)
     run_scoped = [n for n in chosen if n not in scoped]
-    parts = [analyse(attrs.evolve(history, examples=history.examples[first:last]), scoped) for first, last in ranges]
+    parts = [analyse(attrs.evolve(history, examples=history.examples[first:last], baselines=baselines), scoped)
+             for first, last, baselines in ranges]
     out = analyse(history, run_scoped) if run_scoped else Analysis(errors=list(parts[0].errors))
     for name in scoped:
         results = [p.checks[name] for p in parts]
@@ -215,10 +228,11 @@ def merge(run_dirs: Sequence[Path]) -> tuple[History, Analysis, dict[str, Any]]:
     runs = [read_shard(Path(d)) for d in run_dirs]
     problems, count = campaign_problems(runs)
     history, ranges = combined_history(runs)
-    analysis = known.apply(history, judged(history, [(first, last) for first, last, _ in ranges],
+    analysis = known.apply(history, judged(history, [(first, last, run.history.baselines) for first, last, run in ranges],
                                            history.meta.get("checks") or None))
     analysis.errors[:0] = [p for r in runs for p in r.problems] + problems
     block = {"count": count, "campaign_seed": history.meta["campaign"]["campaign_seed"],
+             "baselines_differ": history.meta["campaign"]["baselines_differ"],
              "given": [str(r.run_dir) for r in runs],
              "shards": [{"shard": str(run.shard), "run_dir": str(run.run_dir), "examples": [first, last],
                          "shrink_steps": shrink_steps(run),

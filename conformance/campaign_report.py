@@ -59,6 +59,10 @@ def campaign_blocks(campaign: Mapping[str, Any]) -> list[Any]:
     out: list[Any] = [Heading(2, "Campaign"),
                       Para(f"{len(campaign['shards'])} of {campaign['count']} shard(s) merged, campaign seed "
                            f"`{campaign['campaign_seed']}`; their histories were verified and judged as one run.")]
+    if campaign.get("baselines_differ"):
+        out.append(Para(f"{campaign['baselines_differ']} request(s) had another plain decoding in another shard "
+                        "(replicas on other hardware, or an engine whose plain decoding is not the same in every "
+                        "process): each shard's examples were judged by its own."))
     if rows:
         out.append(Table(["shard", "its own verdict", "examples", "seed", "history", "run folder"]
                          + (["its own engine arguments"] if own else []), rows))

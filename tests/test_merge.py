@@ -146,6 +146,53 @@ def test_shards_that_differ_only_in_their_own_engine_arguments_are_one_campaign(
     assert "`replica=b`" in (tmp_path / "m" / "report.md").read_text()
 
 
+def _replica_shards(root: Path, bug_in_b: str = "none") -> tuple[Path, Path]:
+    """Shards 1/2 and 2/2 of a campaign over two FAKE replicas whose plain decoding differs (one model on two
+    kinds of hardware): each a correct engine by itself, unless `bug_in_b`."""
+    import zlib
+
+    from conformance.run_config import RunConfig
+    from conformance.runner import run_suite
+    from fake_engine import EOS, FakeDictEngine
+
+    class Replica(FakeDictEngine):
+        def __init__(self, replica: str, bug: str) -> None:
+            super().__init__(bug=bug)
+            self.replica = replica
+
+        def _step(self, adapter, ctx):  # the FAKE model, salted by the replica
+            h = zlib.crc32(repr((self.replica, adapter, tuple(ctx[-3:]), len(ctx) % 5)).encode())
+            tok = EOS if h % 29 == 0 else 4 + h % 60
+            return tok, ((h >> 8) % 40) / 10, 4 + (tok + 1) % 60
+
+    dirs = []
+    for shard, replica, bug in (("1/2", "a", "none"), ("2/2", "b", bug_in_b)):
+        run_dir = root / f"replica-{replica}"
+        run_dir.mkdir(parents=True)
+        config = RunConfig(engine_name="fake-hardware", profile="ci", run_dir=run_dir, database_dir=root / f"db-{replica}",
+                           max_examples=10, engine_args={"replica": replica},
+                           shard=parse_shard(shard, ("replica",)))
+        run_suite(Replica(replica, bug), config)
+        dirs.append(run_dir)
+    return dirs[0], dirs[1]
+
+
+def test_replicas_whose_plain_decoding_differs_are_each_judged_by_their_own(tmp_path, capsys):
+    """Each shard's examples were judged by the union of all shards' baselines, the last shard's winning: two
+    replicas that each PASSed merged to FAIL (measured: parity and history_independence, "output differs from
+    plain decoding" on shard 1/2, judged by replica b's plain decoding). Now each shard's by its own, and the
+    requests whose plain decoding differs are counted; a replica's own bug is still found."""
+    one, two = _replica_shards(tmp_path / "clean")
+    assert (_results(one)["verdict"], _results(two)["verdict"]) == ("pass", "pass")
+    code, merged, printed = _merge(capsys, tmp_path / "m", one, two)
+    assert code == 0 and merged["verdict"] == "pass", printed
+    assert merged["campaign"]["baselines_differ"] > 0
+    assert "another plain decoding in another shard" in (tmp_path / "m" / "report.md").read_text()
+    one, two = _replica_shards(tmp_path / "leaky", bug_in_b="salt_leak")
+    code, merged, printed = _merge(capsys, tmp_path / "m2", one, two)
+    assert code == 1 and {"2/2"} == {s for fd in merged["findings"] for s in fd["shards"]}, printed
+
+
 def test_a_merged_witness_names_the_replica_that_failed(runs, tmp_path, capsys):
     """Its engine arguments are those of the shard that found it (its own among them), so `kvparity replay`
     goes back to the replica that failed, not to the first shard's or to none."""
