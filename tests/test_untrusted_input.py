@@ -372,6 +372,19 @@ def test_the_caps_fit_every_committed_file():
     assert max(p.stat().st_size for p in witnesses) * 100 < untrusted.MAX_WITNESS_BYTES
 
 
+@pytest.mark.parametrize("noise, flips", [("[[0.001, 1000000000000]]", "0"), ("[[0.001, 1000001]]", "0"),
+                                          ("[[0.001, Infinity]]", "0"), ("[[0.001, 5]]", "Infinity")])
+def test_a_calibration_s_counts_are_bounded_not_trusted(tmp_path, capsys, noise, flips):
+    """plain_noise is stored as [value, count] pairs and expanded: a count of 10**12 was a MemoryError
+    traceback, 3*10**8 took 4.7 GB and 31 s and passed, and Infinity (which Python's JSON reads) an
+    OverflowError traceback. Now each is one line, exit 3, before any engine starts."""
+    cal = json.loads((ROOT / "reports" / "calibration" / "reference.json").read_text())
+    text = json.dumps({**cal, "plain_noise": "@noise", "plain_near_ties": {"flips": "@flips", "steps": 10752}})
+    (tmp_path / "cal.json").write_text(text.replace('"@noise"', noise).replace('"@flips"', flips))
+    assert main(["run", "--engine", FAKE, "--calibration", str(tmp_path / "cal.json")]) == 3
+    assert "--calibration" in one_line_error(capsys)
+
+
 # --------------------------------------------------------------------------- depth
 
 
