@@ -239,6 +239,28 @@ def test_a_history_configuring_off_its_declared_space_is_refused(run_dir, tmp_pa
     assert "cache_blocks=1000000000000, not one of the engine's declared values" in one_line_error(capsys)
 
 
+TURN = {"kind": "Continuation", "id": "r1", "parent": "r0", "extra": [5], "max_tokens": 3}
+
+
+@pytest.mark.parametrize("steps, check, said", [
+    ('[{"step": "batch", "requests": [{"id": "r0", "prompt": [5, 6], "max_tokens": Infinity}]}]', "parity",
+     "cannot convert float infinity"),
+    ('[{"step": "batch", "requests": ["r0"]}]', "parity", "bad steps"),
+    ('[{"step": "batch", "requests": [{"id": ["r0"], "prompt": [5, 6], "max_tokens": 2}]}]', "parity", "list id"),
+    (json.dumps([BATCH, {"step": "batch", "requests": [{**TURN, "restop": "x"}]}]), "parity", "str restop"),
+    (json.dumps([BATCH]), '["parity"]', "its check is list"),
+])
+def test_a_witness_of_odd_types_is_one_line_exit_3(tmp_path, capsys, steps, check, said):
+    """Each was a traceback (OverflowError, AttributeError, TypeError mid-replay, AttributeError in the
+    check's lookup): the step reader passed ids, restop and the check on unconverted, and Python's JSON
+    reads Infinity."""
+    path = tmp_path / "odd.json"
+    path.write_text('{"kvparity_witness": 1, "engine": "reference", "engine_args": {}, "check": '
+                    + (check if check.startswith("[") else json.dumps(check)) + ', "steps": ' + steps + "}")
+    assert main(["replay", str(path)]) == 3
+    assert said in one_line_error(capsys)
+
+
 # --------------------------------------------------------------------------- size
 
 
