@@ -23,7 +23,7 @@ def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, A
     user names it with --engine."""
     from conformance.engines import known_engines
     from conformance.scenario import step_from_json
-    from conformance.untrusted import read_json
+    from conformance.untrusted import check_example_size, read_json
 
     try:
         data = read_json(path, "witness")
@@ -51,6 +51,7 @@ def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, A
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise UsageError(f"not a kvparity witness file: {path} (bad steps: {exc})") from exc
     _refuse_odd_fields(steps, path)
+    check_example_size(len(steps), sum(len(getattr(s, "items", ())) for s in steps), f"witness {path}")
     return engine, args, check, steps
 
 

@@ -407,6 +407,19 @@ def test_a_calibration_s_counts_are_bounded_not_trusted(tmp_path, capsys, noise,
     assert "--calibration" in one_line_error(capsys)
 
 
+def test_an_example_larger_than_the_suite_draws_is_refused_before_it_is_judged(run_dir, tmp_path, capsys):
+    """Judging an example is quadratic in its size: one of 4,000 one-request batches (a 3.4 MB history, its
+    chain intact) took `kvparity report` 131 s, and a witness of 50,000 requests still replayed after 5 min."""
+    submit = '{"event":"submit","requests":[{"id":"x%d","prompt":[5,6,7,8,9],"max_tokens":1}]}'
+    batch = '{"event":"batch","results":[{"request_id":"x%d","output":[7],"finish_reason":"length"}]}'
+    lines = [line % k for k in range(untrusted.MAX_EXAMPLE_REQUESTS + 1) for line in (submit, batch)]
+    assert main(["report", str(tampered(run_dir, tmp_path, lines))]) == 3
+    assert "example 0 holds 501 steps and 501 requests, over the 500 and 500" in one_line_error(capsys)
+    path = witness(tmp_path, steps=[{"step": "reset"}] * (untrusted.MAX_EXAMPLE_STEPS + 1))
+    assert main(["replay", str(path)]) == 3
+    assert "holds 501 steps and 0 requests" in one_line_error(capsys)
+
+
 # --------------------------------------------------------------------------- depth
 
 
