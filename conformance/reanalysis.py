@@ -82,7 +82,7 @@ def read_verified(run_dir: Path) -> Verified:
         raise UsageError(str(exc)) from None
     except UsageError:  # already one line (a cap, a damaged gzip): not re-worded
         raise
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:  # OverflowError: int(Infinity) of a legacy line
         raise UsageError(f"{path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
     said = recorded(run_dir)
     refuse_unmatched(run_dir, history, said)

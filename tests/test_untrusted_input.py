@@ -420,6 +420,15 @@ def test_an_example_larger_than_the_suite_draws_is_refused_before_it_is_judged(r
     assert "holds 501 steps and 0 requests" in one_line_error(capsys)
 
 
+def test_infinity_in_a_legacy_history_is_one_line_exit_3(run_dir, tmp_path, capsys):
+    """Python's JSON reads Infinity; the chain refuses it (it writes no such number), but a legacy history
+    has no chain, and int(Infinity) was an OverflowError traceback in `report` and `merge`."""
+    lines = ['{"event":"submit","requests":[{"id":"x","prompt":[5,6],"max_tokens":Infinity}]}',
+             '{"event":"batch","results":[{"request_id":"x","output":[7],"finish_reason":"length"}]}']
+    assert main(["report", str(tampered(run_dir, tmp_path, lines))]) == 3
+    assert "not a readable kvparity history: OverflowError" in one_line_error(capsys)
+
+
 # --------------------------------------------------------------------------- depth
 
 
