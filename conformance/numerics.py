@@ -37,6 +37,9 @@ from conformance.untrusted import read_json
 CALIBRATION_VERSION = 1
 ALPHA = 0.01
 BANDS = (1e-3, 1e-2, 1e-1, 1.0)  # near-tie margin bands: [0, 1e-3), [1e-3, 1e-2), ... [1, tau)
+# The plain-vs-oracle sample a calibration file may expand to: the committed ones hold 3,045-21,504 values
+# (reports/calibration/); its [value, count] pairs are expanded, so the counts are bounded, not trusted.
+MAX_NOISE_VALUES = 1_000_000
 
 
 # --------------------------------------------------------------------------- statistics
@@ -190,9 +193,12 @@ def noise_sample(stored: Any) -> list[float]:
         return [float(x) for x in stored]
     out: list[float] = []
     for value, count in stored:
-        if int(count) < 0:
-            raise ValueError(f"plain_noise count {count!r} is negative")
-        out.extend([float(value)] * int(count))
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"plain_noise count {count!r} is not a whole number >= 0")
+        if len(out) + count > MAX_NOISE_VALUES:  # counted before the list is grown: a count is not a size
+            raise ValueError(f"plain_noise holds over {MAX_NOISE_VALUES:,} values; a calibration measures "
+                             "tens of thousands")
+        out.extend([float(value)] * count)
     if any(a > b for a, b in zip(out, out[1:])):
         raise ValueError("plain_noise values are not ascending")
     return out
@@ -210,7 +216,7 @@ def load_calibration(path: str | Path) -> Calibration:
         plain = data["plain_near_ties"]
         cal = Calibration(str(path), str(data["engine"]), dict(data.get("engine_args") or {}), tau,
                           int(plain["flips"]), int(plain["steps"]), data, _epsilon(data))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:  # int(Infinity)
         raise UsageError(f"--calibration {path}: not a kvparity calibration file ({exc})") from None
     if not math.isfinite(cal.tau) or cal.tau < 0:
         raise UsageError(f"--calibration {path}: tau {cal.tau!r} is not a finite number >= 0")

@@ -60,6 +60,7 @@ def read_verified(run_dir: Path) -> Verified:
     """The run's history, verified and matched against the verdict written from it; a one-line
     UsageError if it is missing, unreadable, tampered with, or not the history the run was judged on."""
     from conformance.history_files import history_in
+    from conformance.untrusted import check_example_size
 
     path = history_in(run_dir)  # a run's history.jsonl, or a committed folder's history.jsonl.gz
     if path is None:
@@ -74,11 +75,14 @@ def read_verified(run_dir: Path) -> Verified:
         if integrity.problems:
             raise UsageError(f"{path} fails its integrity check, not re-judged: {integrity.line()}")
         history = parse(events)
+        for ex in history.examples:  # judging an example costs the square of its size
+            check_example_size(len(ex.step_list), sum(len(s.get("requests") or ()) for s in ex.step_list),
+                               f"{path} example {ex.index}")
     except NotAHistory as exc:
         raise UsageError(str(exc)) from None
     except UsageError:  # already one line (a cap, a damaged gzip): not re-worded
         raise
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:  # OverflowError: int(Infinity) of a legacy line
         raise UsageError(f"{path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
     said = recorded(run_dir)
     refuse_unmatched(run_dir, history, said)

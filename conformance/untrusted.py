@@ -46,6 +46,11 @@ MAX_LINE_BYTES = 64 * MIB  # one event: a batch with its results and snapshot is
 # memory a file of tiny lines takes, far above a real run's 10-50 events an example.
 MAX_HISTORY_EVENTS = 4_000_000
 MAX_DEPTH = 100  # kvparity writes ~10 levels; json.loads recurses once per level
+# One example (a witness, an example of a history): judging it compares its requests pairwise (what each
+# earlier one made cacheable, every two runs of one request), so its cost grows with the square of its size.
+# A nightly run of the FAKE engine (400 examples) held at most 25 steps and 41 requests an example.
+MAX_EXAMPLE_STEPS = 500
+MAX_EXAMPLE_REQUESTS = 500
 
 # --------------------------------------------------------------------------- size
 
@@ -131,6 +136,16 @@ def _refuse_gzip_over(path: Path, cap: int, what: str) -> None:
             size += len(chunk)
             if size > cap:
                 raise UsageError(f"{what} {path} decompresses to more than {cap // MIB} MiB; refused")
+
+
+def check_example_size(steps: int, requests: int, where: str) -> None:
+    """Refuse an example larger than any the suite draws, before it is judged or replayed: a history's
+    example of 4,000 one-request batches (3.4 MB) took `kvparity report` 131 s, and a witness of 50,000
+    requests was still replaying after 5 minutes, every engine call within its timeout."""
+    if steps > MAX_EXAMPLE_STEPS or requests > MAX_EXAMPLE_REQUESTS:
+        raise UsageError(f"{where} holds {steps:,} steps and {requests:,} requests, over the {MAX_EXAMPLE_STEPS} "
+                         f"and {MAX_EXAMPLE_REQUESTS} an example may hold (the suite draws at most a few dozen); "
+                         "refused")
 
 
 # --------------------------------------------------------------------------- depth

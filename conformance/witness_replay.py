@@ -23,7 +23,7 @@ def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, A
     user names it with --engine."""
     from conformance.engines import known_engines
     from conformance.scenario import step_from_json
-    from conformance.untrusted import read_json
+    from conformance.untrusted import check_example_size, read_json
 
     try:
         data = read_json(path, "witness")
@@ -44,11 +44,31 @@ def read_witness(path: str | Path, engine: str | None) -> tuple[str, dict[str, A
                              f"a witness cannot choose code to import. To replay on that adapter, name it yourself: "
                              f"kvparity replay {path} --engine {named}")
         engine = named
-    try:
+    if not isinstance(check, str):
+        raise UsageError(f"not a kvparity witness file: {path} (its check is {type(check).__name__}, not a name)")
+    try:  # OverflowError: int(Infinity), which Python's JSON reads; AttributeError: a request that is no object
         steps = [step_from_json(s) for s in raw_steps]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise UsageError(f"not a kvparity witness file: {path} (bad steps: {exc})") from exc
+    _refuse_odd_fields(steps, path)
+    check_example_size(len(steps), sum(len(getattr(s, "items", ())) for s in steps), f"witness {path}")
     return engine, args, check, steps
+
+
+def _refuse_odd_fields(steps: list[Any], path: str | Path) -> None:
+    """The fields the step reader passes on unconverted must have the types a run writes: a request id
+    and a parent are names, a restop position an integer (a list or a string there was a traceback)."""
+    from conformance.scenario import Batch, Continuation
+
+    for step in steps:
+        for item in step.items if isinstance(step, Batch) else ():
+            odd = ("id" if not isinstance(item.id, str) else
+                   "parent" if isinstance(item, Continuation) and not isinstance(item.parent, str) else
+                   "restop" if isinstance(item, Continuation) and item.restop is not None and (
+                       isinstance(item.restop, bool) or not isinstance(item.restop, int)) else None)
+            if odd:
+                raise UsageError(f"not a kvparity witness file: {path} (bad steps: request "
+                                 f"{str(item.id)[:40]!r} has a {type(getattr(item, odd)).__name__} {odd})")
 
 
 def witness_epsilon(path: str | Path) -> float | None:

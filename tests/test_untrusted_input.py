@@ -239,6 +239,28 @@ def test_a_history_configuring_off_its_declared_space_is_refused(run_dir, tmp_pa
     assert "cache_blocks=1000000000000, not one of the engine's declared values" in one_line_error(capsys)
 
 
+TURN = {"kind": "Continuation", "id": "r1", "parent": "r0", "extra": [5], "max_tokens": 3}
+
+
+@pytest.mark.parametrize("steps, check, said", [
+    ('[{"step": "batch", "requests": [{"id": "r0", "prompt": [5, 6], "max_tokens": Infinity}]}]', "parity",
+     "cannot convert float infinity"),
+    ('[{"step": "batch", "requests": ["r0"]}]', "parity", "bad steps"),
+    ('[{"step": "batch", "requests": [{"id": ["r0"], "prompt": [5, 6], "max_tokens": 2}]}]', "parity", "list id"),
+    (json.dumps([BATCH, {"step": "batch", "requests": [{**TURN, "restop": "x"}]}]), "parity", "str restop"),
+    (json.dumps([BATCH]), '["parity"]', "its check is list"),
+])
+def test_a_witness_of_odd_types_is_one_line_exit_3(tmp_path, capsys, steps, check, said):
+    """Each was a traceback (OverflowError, AttributeError, TypeError mid-replay, AttributeError in the
+    check's lookup): the step reader passed ids, restop and the check on unconverted, and Python's JSON
+    reads Infinity."""
+    path = tmp_path / "odd.json"
+    path.write_text('{"kvparity_witness": 1, "engine": "reference", "engine_args": {}, "check": '
+                    + (check if check.startswith("[") else json.dumps(check)) + ', "steps": ' + steps + "}")
+    assert main(["replay", str(path)]) == 3
+    assert said in one_line_error(capsys)
+
+
 # --------------------------------------------------------------------------- size
 
 
@@ -370,6 +392,41 @@ def test_the_caps_fit_every_committed_file():
                                                                    untrusted.MAX_HISTORY_EVENTS)) for p in histories]
     assert max(sizes) * 16 < untrusted.MAX_HISTORY_BYTES
     assert max(p.stat().st_size for p in witnesses) * 100 < untrusted.MAX_WITNESS_BYTES
+
+
+@pytest.mark.parametrize("noise, flips", [("[[0.001, 1000000000000]]", "0"), ("[[0.001, 1000001]]", "0"),
+                                          ("[[0.001, Infinity]]", "0"), ("[[0.001, 5]]", "Infinity")])
+def test_a_calibration_s_counts_are_bounded_not_trusted(tmp_path, capsys, noise, flips):
+    """plain_noise is stored as [value, count] pairs and expanded: a count of 10**12 was a MemoryError
+    traceback, 3*10**8 took 4.7 GB and 31 s and passed, and Infinity (which Python's JSON reads) an
+    OverflowError traceback. Now each is one line, exit 3, before any engine starts."""
+    cal = json.loads((ROOT / "reports" / "calibration" / "reference.json").read_text())
+    text = json.dumps({**cal, "plain_noise": "@noise", "plain_near_ties": {"flips": "@flips", "steps": 10752}})
+    (tmp_path / "cal.json").write_text(text.replace('"@noise"', noise).replace('"@flips"', flips))
+    assert main(["run", "--engine", FAKE, "--calibration", str(tmp_path / "cal.json")]) == 3
+    assert "--calibration" in one_line_error(capsys)
+
+
+def test_an_example_larger_than_the_suite_draws_is_refused_before_it_is_judged(run_dir, tmp_path, capsys):
+    """Judging an example is quadratic in its size: one of 4,000 one-request batches (a 3.4 MB history, its
+    chain intact) took `kvparity report` 131 s, and a witness of 50,000 requests still replayed after 5 min."""
+    submit = '{"event":"submit","requests":[{"id":"x%d","prompt":[5,6,7,8,9],"max_tokens":1}]}'
+    batch = '{"event":"batch","results":[{"request_id":"x%d","output":[7],"finish_reason":"length"}]}'
+    lines = [line % k for k in range(untrusted.MAX_EXAMPLE_REQUESTS + 1) for line in (submit, batch)]
+    assert main(["report", str(tampered(run_dir, tmp_path, lines))]) == 3
+    assert "example 0 holds 501 steps and 501 requests, over the 500 and 500" in one_line_error(capsys)
+    path = witness(tmp_path, steps=[{"step": "reset"}] * (untrusted.MAX_EXAMPLE_STEPS + 1))
+    assert main(["replay", str(path)]) == 3
+    assert "holds 501 steps and 0 requests" in one_line_error(capsys)
+
+
+def test_infinity_in_a_legacy_history_is_one_line_exit_3(run_dir, tmp_path, capsys):
+    """Python's JSON reads Infinity; the chain refuses it (it writes no such number), but a legacy history
+    has no chain, and int(Infinity) was an OverflowError traceback in `report` and `merge`."""
+    lines = ['{"event":"submit","requests":[{"id":"x","prompt":[5,6],"max_tokens":Infinity}]}',
+             '{"event":"batch","results":[{"request_id":"x","output":[7],"finish_reason":"length"}]}']
+    assert main(["report", str(tampered(run_dir, tmp_path, lines))]) == 3
+    assert "not a readable kvparity history: OverflowError" in one_line_error(capsys)
 
 
 # --------------------------------------------------------------------------- depth
