@@ -25,9 +25,9 @@ from typing import Any, Sequence
 
 from attrs import frozen
 
-from conformance import known
+from conformance import known, validation
 from conformance.analysis import Analysis, analyse
-from conformance.contract import UsageError
+from conformance.contract import EngineError, UsageError
 from conformance.history import History, NotAHistory, parse, read_events
 from conformance.history_chain import VERIFIED, Integrity, verify
 
@@ -78,11 +78,15 @@ def read_verified(run_dir: Path) -> Verified:
         for ex in history.examples:  # judging an example costs the square of its size
             check_example_size(len(ex.step_list), sum(len(s.get("requests") or ()) for s in ex.step_list),
                                f"{path} example {ex.index}")
+        validation.recorded(history)  # the values the checks read have the types a run writes
     except NotAHistory as exc:
         raise UsageError(str(exc)) from None
     except UsageError:  # already one line (a cap, a damaged gzip): not re-worded
         raise
-    except (ValueError, KeyError, TypeError, OverflowError) as exc:  # OverflowError: int(Infinity) of a legacy line
+    except EngineError as exc:
+        raise UsageError(f"{path} holds what no run writes: {exc}") from None
+    # OverflowError: int(Infinity) of a legacy line; AttributeError: an object where a run writes a mapping
+    except (ValueError, KeyError, TypeError, OverflowError, AttributeError) as exc:
         raise UsageError(f"{path} is not a readable kvparity history: {type(exc).__name__}: {exc}") from None
     said = recorded(run_dir)
     refuse_unmatched(run_dir, history, said)

@@ -199,3 +199,56 @@ def snapshot(raw: Any) -> dict[str, Any]:
         if isinstance(value, float) and not math.isfinite(value):
             raise EngineError(f"snapshot()[{key!r}] is {value!r}, not a finite number")
     return out
+
+
+
+def recorded(history: Any) -> None:
+    """A history read back (`kvparity report`, `kvparity merge`) crosses a boundary again: its values were
+    checked here when the run wrote them, but a history whose chain was recomputed after an edit (the chain
+    has no secret) can hold anything. The types the checks rely on are checked again, so a string where a
+    count belongs is one `EngineError` naming it — it was a traceback from inside a check ("'>' not
+    supported between 'str' and 'int'"), a list for an id one from inside the oracle. Types only: the rules
+    on values grew over time (top2's length, knob roles), and a history an older run wrote stays readable."""
+    meta = history.meta
+    checks, engine_args = meta.get("checks"), meta.get("engine_args")
+    if checks is not None and not (isinstance(checks, list) and all(isinstance(c, str) for c in checks)):
+        raise EngineError(f"run_start checks is {checks!r:.80}, not a list of check names")
+    if engine_args is not None and not isinstance(engine_args, Mapping):
+        raise EngineError(f"run_start engine_args is a {type(engine_args).__name__}, not a mapping")
+    duration = (history.ended or {}).get("duration_s")
+    if duration is not None and not _is_finite(duration):
+        raise EngineError(f"run_end duration_s is {duration!r:.80}, not a finite number")
+    caps = history.capabilities
+    if caps is not None:
+        for name in ("vocab_size", "max_context", "block_size"):
+            if not _is_int(getattr(caps, name)):
+                raise EngineError(f"capabilities {name} is {getattr(caps, name)!r:.80}, not an integer")
+        if not _is_finite(caps.tolerance):
+            raise EngineError(f"capabilities tolerance is {caps.tolerance!r:.80}, not a finite number")
+    for ex in history.examples:
+        for b in ex.batches:
+            for q in b.requests:
+                if not isinstance(q.id, str):
+                    raise EngineError(f"example {ex.index}: a request id is {q.id!r:.80}, not a string")
+            for q, r in zip(b.requests, b.results):
+                _recorded_result(q, r)
+            if b.snapshot is not None:
+                snapshot(b.snapshot)
+        for fb in ex.failed_batches:
+            snapshot(fb.snapshot)
+
+
+def _recorded_result(q: Request, r: Result) -> None:
+    where = f"request {q.id}"
+    if r.finish_reason not in FINISH_REASONS:
+        raise EngineError(f"{where}: unknown finish_reason {r.finish_reason!r:.80}")
+    if not all(_is_int(t) for t in r.output):
+        raise EngineError(f"{where}: output holds what is not a token id")
+    for name in ("cached_tokens", "draft_proposed", "draft_accepted", "evictions", "prefill_chunks",
+                 "arrived_at_step", "ended_at_step"):
+        _count(getattr(r, name), f"{where}: {name}")
+    for name in ("top2", "logprobs"):
+        if getattr(r, name) is not None and not isinstance(getattr(r, name), (tuple, list)):
+            raise EngineError(f"{where}: {name} is a {type(getattr(r, name)).__name__}, not a list")
+    if not isinstance(r.timings, Mapping) or not isinstance(r.extra, Mapping):
+        raise EngineError(f"{where}: timings and extra must be mappings")

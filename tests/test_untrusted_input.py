@@ -429,6 +429,40 @@ def test_infinity_in_a_legacy_history_is_one_line_exit_3(run_dir, tmp_path, caps
     assert "not a readable kvparity history: OverflowError" in one_line_error(capsys)
 
 
+def _first(events: list, kind: str) -> dict:
+    return next(e for e in events if e["event"] == kind)
+
+
+ODD_VALUES = {  # one value of the wrong type, where the checks (not the reader) met it: each was a traceback
+    "a string count": (lambda evs: _first(evs, "batch")["results"][0].update(prefill_chunks="x"), "prefill_chunks"),
+    "a list id": (lambda evs: [q.update(id=["a"]) for q in _first(evs, "submit")["requests"]]
+                  and _first(evs, "batch")["results"][0].update(request_id=["a"]), "request id"),
+    "a string tolerance": (lambda evs: evs[0]["capabilities"].update(tolerance="x"), "tolerance"),
+    "a list engine_args": (lambda evs: evs[0].update(engine_args=[1]), "engine_args"),
+    "checks of numbers": (lambda evs: evs[0].update(checks=[1, 2]), "checks"),
+    "a string duration": (lambda evs: _first(evs, "run_end").update(duration_s="x"), "duration_s"),
+    "an int finish_reason": (lambda evs: _first(evs, "batch")["results"][0].update(finish_reason=5), "finish_reason"),
+    "a string snapshot": (lambda evs: _first(evs, "reset").update(snapshot="x"), "AttributeError"),
+    "an int baseline key": (lambda evs: _first(evs, "baseline").update(key=7), "AttributeError"),
+}
+
+
+@pytest.mark.parametrize("case", list(ODD_VALUES))
+def test_a_history_of_odd_types_is_one_line_exit_3(run_dir, tmp_path, capsys, case):
+    """A history whose chain was recomputed after an edit passes the chain (it has no secret); a legacy one
+    has none. A value of another type than a run writes reached the checks, and `kvparity report` ended in
+    a traceback and "internal error" (11 of 55 single-field edits, a helper's hunt). Now the reader checks
+    the types the checks rely on: one line naming the field, exit 3."""
+    edit, named = ODD_VALUES[case]
+    events = [json.loads(unchained(line)) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    edit(events)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert main(["report", str(folder)]) == 3
+    assert named in one_line_error(capsys)
+
+
 # --------------------------------------------------------------------------- depth
 
 
