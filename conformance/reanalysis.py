@@ -31,6 +31,7 @@ from conformance.contract import EngineError, UsageError
 from conformance.history import History, NotAHistory, parse, read_events
 from conformance.history_chain import VERIFIED, Integrity, verify
 
+PROCESS_CHARS = 500  # of results.json's `process` (how the run's process ended), shown as one problem
 SUBFOLDER = "reanalysis"  # where a re-analysis goes when the run has its own verdict files
 
 
@@ -91,8 +92,10 @@ def read_verified(run_dir: Path) -> Verified:
     said = recorded(run_dir)
     refuse_unmatched(run_dir, history, said)
     died = said.get("process")
-    if isinstance(died, str) and died and died not in problems:
-        problems.append(died)  # what the history cannot say: its process died after it (the supervisor's)
+    if isinstance(died, str) and died.strip():  # what the history cannot say: its process died after it
+        died = " ".join(died.split())[:PROCESS_CHARS]  # the supervisor's one line; the file is not trusted with more
+        if died not in problems:
+            problems.append(died)
     history.errors.extend(problems)
     return Verified(history, integrity, list(problems))
 

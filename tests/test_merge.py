@@ -330,6 +330,18 @@ def test_a_shard_whose_process_died_after_its_verdict_makes_the_campaign_error(r
     assert code == 0 and merged["errors"] == []
 
 
+def test_how_a_shards_process_ended_is_one_bounded_line(runs, tmp_path, capsys):
+    """A results.json's `process` (the supervisor's line) is as untrusted as the rest of the file: 8 MB of
+    it, over many lines, was one problem printed whole. Now it is one line of at most 500 characters."""
+    two = _copy(runs["2"], tmp_path / "two")
+    results = _results(two)
+    (two / "results.json").write_text(json.dumps({**results, "process": "killed\n" + "x" * 8_000_000}))
+    code, merged, printed = _merge(capsys, tmp_path / "m", runs["1"], two)
+    assert code == 3 and len(printed) < 20_000, len(printed)
+    (died,) = [e for e in merged["errors"] if "killed" in e]
+    assert "\n" not in died and len(died) < 700, len(died)
+
+
 def test_the_merged_report_never_goes_into_a_shard(runs, capsys):
     code = cli.main(["merge", str(runs["1"]), str(runs["2"]), "--out", str(runs["1"])])
     err = capsys.readouterr().err
