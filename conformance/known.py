@@ -92,7 +92,8 @@ def entry(sig: Signature, upstream: str = "", note: str = "") -> dict[str, str]:
 class KnownOutcome:
     """What a run's known findings came to: `waived` the case ids of failure records that are known;
     `seen` signature -> how many findings matched it; `fixed` the entries no failure of the run matched;
-    `unknown_in` the checks that failed somewhere with a signature not listed (`bugs_seen`)."""
+    `unknown_in` the checks that failed somewhere with a signature not listed (`bugs_seen`); `in_shard`: the
+    run is one shard of a campaign (`--shard i/n`), which sees only its part of the campaign's examples."""
 
     entries: tuple[Mapping[str, str], ...]
     strict: bool
@@ -100,15 +101,19 @@ class KnownOutcome:
     seen: Mapping[str, int] = field(factory=dict)
     fixed: tuple[Mapping[str, str], ...] = ()
     unknown_in: frozenset[str] = field(factory=frozenset)
+    in_shard: bool = False
 
     @property
     def fails_run(self) -> bool:
-        return self.strict and bool(self.fixed)
+        """`--strict-known` and an entry not seen. Not in a shard: a known finding another shard met is not
+        fixed, and only the campaign's merge (whose history is no shard's) sees every shard's examples —
+        a shard of a correct replica FAILed alone on a finding its campaign's other replica met, the merge PASS."""
+        return self.strict and bool(self.fixed) and not self.in_shard
 
     def to_json(self) -> dict[str, Any]:
         return {"strict": self.strict, "entries": [dict(e) for e in self.entries], "seen": dict(self.seen),
                 "fixed": [dict(e) for e in self.fixed], "waived": sorted(self.waived),
-                "unknown_in": sorted(self.unknown_in)}
+                "unknown_in": sorted(self.unknown_in), "in_shard": self.in_shard}
 
 
 def judge(history: History, analysis: Analysis, entries: Sequence[Mapping[str, str]], strict: bool) -> KnownOutcome:
@@ -123,7 +128,7 @@ def judge(history: History, analysis: Analysis, entries: Sequence[Mapping[str, s
     saw = bugs_seen(history, [n for n, r in analysis.checks.items() if r.status == "fail"])
     fixed = tuple(e for e in entries if e["signature"] not in seen and e["signature"] not in saw)
     unknown_in = frozenset(check for sig, checks in saw.items() if sig not in ids for check in checks)
-    return KnownOutcome(tuple(entries), strict, frozenset(waived), seen, fixed, unknown_in)
+    return KnownOutcome(tuple(entries), strict, frozenset(waived), seen, fixed, unknown_in, "shard" in history.meta)
 
 
 def bugs_seen(history: History, checks: Sequence[str]) -> dict[str, set[str]]:

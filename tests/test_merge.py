@@ -227,15 +227,43 @@ def _copy(run_dir: Path, to: Path) -> Path:
 def test_shards_that_differ_in_strict_known_are_not_one_campaign(tmp_path, capsys):
     """The merge judged the known findings as shard 1 recorded them: a correct engine whose known finding is
     fixed, shard 1 given the file alone and shard 2 `--strict-known` (its own verdict FAIL, a stale file),
-    merged to PASS, exit 0; the other way round, FAIL."""
+    merged to PASS, exit 0; the other way round, FAIL. (A shard's own verdict leaves `--strict-known` to the
+    merge: `test_strict_known_is_the_campaigns_not_one_shards`.)"""
     known = [{"signature": "4f7a74825d6a", "check": "isolation", "mechanism": "cross-identity reuse",
               "title": "cached tokens served across identities", "upstream": "", "note": ""}]
     one = _shard(tmp_path, "one", "1/2", known=known)
     two = _shard(tmp_path, "two", "2/2", known=known, strict=True)
-    assert (_results(one)["verdict"], _results(two)["verdict"]) == ("pass", "fail")
+    assert _results(two)["known"]["fixed"] and _results(two)["known"]["strict"]
     code, merged, printed = _merge(capsys, tmp_path / "m", one, two)
     assert code == 3 and merged["verdict"] == "error", printed
     assert any("strict_known" in e and "not one campaign" in e for e in merged["errors"]), merged["errors"]
+
+
+_SALT_LEAK = [{"signature": "4f7a74825d6a", "check": "isolation", "mechanism": "cross-identity reuse",
+               "title": "cached tokens served across identities", "upstream": "", "note": ""}]
+
+
+def test_strict_known_is_the_campaigns_not_one_shards(tmp_path, capsys):
+    """`--strict-known` fails a run that did not see a known finding (the file is stale). A shard sees only its
+    part of the campaign: measured, two replicas (`--shard-engine-arg`), the known bug on replica 2 alone, each
+    shard `--known F --strict-known` — shard 1/2, a correct engine, FAILed ("FIXED: not seen"), shard 2/2 PASSed
+    and the merge PASSed. Now a shard reports the entry fixed in its part and the merge, which sees every shard,
+    applies `--strict-known`: a finding no shard met still fails the campaign."""
+    one = _shard(tmp_path, "one", "1/2", engine="fake-replicas", engine_args={"bug": "none"}, own=("bug",),
+                 known=_SALT_LEAK, strict=True)
+    two = _shard(tmp_path, "two", "2/2", bug="salt_leak", engine="fake-replicas", engine_args={"bug": "salt_leak"},
+                 own=("bug",), known=_SALT_LEAK, strict=True)
+    assert [e["signature"] for e in _results(one)["known"]["fixed"]] == ["4f7a74825d6a"]
+    assert (_results(one)["verdict"], _results(two)["verdict"]) == ("pass", "pass")
+    assert "judged by the campaign's merge" in (one / "report.md").read_text()
+    assert cli.main(["report", str(one)]) == 0
+    code, merged, printed = _merge(capsys, tmp_path / "m", two, one)
+    assert code == 0 and merged["verdict"] == "pass" and not merged["known"]["fixed"], printed
+    # neither shard met it: the campaign's file is stale, and the merge says so
+    clean = _shard(tmp_path, "clean", "2/2", engine="fake-replicas", engine_args={"bug": "none"}, own=("bug",),
+                   known=_SALT_LEAK, strict=True)
+    code, merged, printed = _merge(capsys, tmp_path / "m2", one, clean)
+    assert code == 1 and merged["verdict"] == "fail" and merged["known"]["fixed"], printed
 
 
 def test_a_tampered_history_makes_the_campaign_error(runs, tmp_path, capsys):

@@ -15,7 +15,9 @@ def print_fixed(analysis: Analysis) -> None:
     if analysis.known is not None:
         for e in analysis.known.fixed:
             print(f"FIXED known finding {e['signature']} [{e.get('check', '?')}] {e.get('title', '')}: not seen in "
-                  f"this run" + ("; --strict-known fails the run until it leaves the known-findings file"
+                  f"this run" + ("; --strict-known: judged by the campaign's merge (another shard may see it)"
+                                 if analysis.known.strict and analysis.known.in_shard else
+                                 "; --strict-known fails the run until it leaves the known-findings file"
                                  if analysis.known.strict else ""))
 
 

@@ -140,8 +140,9 @@ def known_blocks(results: Mapping[str, Any]) -> list[Block]:
     rows = []
     for e in known["entries"]:
         n = known["seen"].get(e["signature"], 0)
-        state = Cell(f"seen ×{n}", "") if n else Cell("FIXED: not seen" + (" (fails the run: --strict-known)"
-                                                                        if known["strict"] else ""), "good")
+        strict = (" (--strict-known: judged by the campaign's merge)" if known.get("in_shard") else
+                  " (fails the run: --strict-known)") if known["strict"] else ""
+        state = Cell(f"seen ×{n}", "") if n else Cell("FIXED: not seen" + strict, "good")
         rows.append([f"`{e['signature']}`", state, e.get("check", ""), e.get("title", ""), e.get("upstream", ""),
                      e.get("note", "")])
     return [Heading(2, "Known findings (`--known`)"),
