@@ -140,10 +140,12 @@ def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int,
     (first, past-last). The examples are moved, not copied: each shard's History lends its own, renumbered
     in place (`renumber`), so a merge holds each example once — it had held each shard's events three times
     (read, parsed for the shard, parsed again for the campaign). Each shard's end and completion are left
-    out (the campaign's end is set here); its engine errors are kept, named by shard. The campaign's
-    baselines are the shards' where they agree: a request whose plain decoding differs between shards
-    (replicas on other hardware, an engine not deterministic across processes) has none in it — each shard's
-    examples are judged by its own (`judged`) — and `meta["campaign"]["baselines_differ"]` counts them."""
+    out (the campaign's end is set here); its engine errors are kept, named by shard. A request whose plain
+    decoding differs between shards (replicas on other hardware, an engine not deterministic across
+    processes) keeps the first shard's in the campaign's baselines, which count coverage (a near-tie the
+    landmarks steer every shard to) and tell a finding's story, while each shard's examples are judged by its
+    own (`judged`); `meta["campaign"]["baselines_differ"]` counts those requests. Dropping them instead lost
+    the near-ties every shard met: two replicas 1e-6 apart in their margins, each PASS, merged INCONCLUSIVE."""
     h = History()
     ranges = []
     differ: set[str] = set()
@@ -155,11 +157,9 @@ def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int,
             h.examples.append(example)
             h.errors += [f"{run.name}: {e}" for e in example.errors]  # the engine's, as recorded (not reading's)
         for key, base in run.history.baselines.items():
-            if h.baselines.setdefault(key, base) != base:
+            if h.baselines.setdefault(key, base) != base:  # the first shard's stands in the campaign's
                 differ.add(key)
         ranges.append((first, len(h.examples), run))
-    for key in differ:  # no shard's plain decoding stands for another's (the checks use each shard's own)
-        del h.baselines[key]
     if usable:
         h.meta = {k: v for k, v in usable[0].history.meta.items() if k != "shard"}
         h.capabilities = usable[0].history.capabilities

@@ -193,6 +193,51 @@ def test_replicas_whose_plain_decoding_differs_are_each_judged_by_their_own(tmp_
     assert code == 1 and {"2/2"} == {s for fd in merged["findings"] for s in fd["shards"]}, printed
 
 
+@pytest.mark.parametrize("seed", [1, 4])
+def test_replicas_a_hair_apart_keep_the_near_ties_every_shard_met(tmp_path, capsys, seed):
+    """Two FAKE replicas that decode alike, their margins 1e-6 apart (one model, two kinds of hardware), a
+    near-tie at a landmark prompt every shard is steered to. Dropping the requests whose baselines differ
+    from the campaign's lost exactly those near-ties: each shard PASS (near_tie_met 4 and 2), the merge
+    INCONCLUSIVE, "situation never reached: near_tie_met" (measured, seeds 1 and 4). The merge counts each
+    situation the shards met."""
+    import attrs
+
+    from conformance.contract import NearTie
+    from conformance.run_config import RunConfig
+    from conformance.runner import run_suite
+    from fake_engine import FakeDictEngine
+
+    tie = (40, 41, 42)
+
+    class Replica(FakeDictEngine):
+        def __init__(self, replica: int) -> None:
+            super().__init__()
+            self.noise = 1e-6 * replica
+
+        def _step(self, adapter, ctx):
+            tok, margin, runner_up = FakeDictEngine._step(self, adapter, ctx)
+            return tok, (0.0 if tuple(ctx) == tie else max(margin, 0.5)) + self.noise, runner_up
+
+        def capabilities(self):
+            caps = super().capabilities()
+            return attrs.evolve(caps, landmarks=attrs.evolve(caps.landmarks, near_ties=(NearTie("a", tie),)))
+
+    dirs, met = [], 0
+    for i in (1, 2):
+        run_dir = tmp_path / f"s{i}"
+        run_dir.mkdir()
+        run_suite(Replica(i), RunConfig(engine_name="fake-hair", profile="dev", seed=seed, run_dir=run_dir,
+                                        database_dir=tmp_path / f"db{i}", max_examples=3,
+                                        engine_args={"replica": str(i)}, shard=parse_shard(f"{i}/2", ("replica",))))
+        own = _results(run_dir)
+        assert own["verdict"] == "pass", own["checks"]["exercised"]["notes"]
+        met += own["checks"]["exercised"]["stats"]["situation:near_tie_met"]
+        dirs.append(run_dir)
+    code, merged, printed = _merge(capsys, tmp_path / "m", *dirs)
+    assert code == 0 and merged["campaign"]["baselines_differ"] > 0, printed
+    assert merged["checks"]["exercised"]["stats"]["situation:near_tie_met"] == met
+
+
 def test_a_merged_witness_names_the_replica_that_failed(runs, tmp_path, capsys):
     """Its engine arguments are those of the shard that found it (its own among them), so `kvparity replay`
     goes back to the replica that failed, not to the first shard's or to none."""
