@@ -180,6 +180,17 @@ def test_a_configure_off_the_declared_space_never_reaches_the_engine(tmp_path):
     assert f"pool_tokens={10**12}, not one of the engine's declared values (4096, 64, 256)" in err
 
 
+def test_export_writes_no_configure_the_engine_does_not_declare(tmp_path, capsys):
+    """`replay` refused pool_tokens=10**12; `export` wrote it into the reproducer as num_blocks
+    62,500,000,000 (a helper's hunt), the allocation replay guards against, left for whoever runs it."""
+    from kvparity.commands.export import main as export_main
+
+    path = witness(tmp_path, steps=[{"step": "configure", "config": {"pool_tokens": 10**12}}, BATCH])
+    assert export_main([str(path), "--out", str(tmp_path / "repro.py")]) == 3
+    assert f"pool_tokens={10**12}, not one of the engine's declared values" in one_line_error(capsys)
+    assert not (tmp_path / "repro.py").exists()
+
+
 def test_an_undeclared_knob_is_refused_and_a_declared_value_replays(tmp_path, capsys):
     bad = witness(tmp_path, "bad.json", engine=FAKE,
                   steps=[{"step": "configure", "config": {"num_blocks": 1}}, BATCH])

@@ -97,6 +97,7 @@ def build(path: str | Path, exporter: ModuleType, target: str, named: str, args:
     from conformance.history_codec import oracle_key_str
     from conformance.engines import load_engine
     from conformance.scenario import Configure, Reset
+    from conformance.untrusted import check_configs
 
     path = Path(path)
     data = witness_json(path)
@@ -111,6 +112,9 @@ def build(path: str | Path, exporter: ModuleType, target: str, named: str, args:
 
     declared = getattr(exporter, "declared_capabilities", None)  # an engine that cannot be built here
     caps = capabilities(data, history, target == named, built_caps if declared is None else lambda: declared(args))
+    # A configure the engine does not declare never reaches the reproducer (`replay` refuses it the same way):
+    # pool_tokens=10**12 was written as num_blocks 62,500,000,000, the allocation `replay` guards against.
+    check_configs([s.config for s in steps if isinstance(s, Configure)], caps.config_space, str(path))
     baseline, close_oracle = exporter.oracle(args, caps)
     memo: dict[str, Baseline] = {}
     resolved: dict[str, tuple[Request, Baseline]] = {}
