@@ -85,13 +85,13 @@ def capped_lines(path: str | os.PathLike[str], cap: int, what: str,
     holds more than `cap` bytes (a gzipped one measured decompressed, before its first line is given),
     a line over `MAX_LINE_BYTES` or more than `max_lines` lines. A line break is \\n, \\r\\n or a lone
     \\r. Undecodable bytes are replaced: the caller reads the line as JSON, which refuses them."""
-    path = Path(path)
-    if not stat.S_ISREG(os.stat(path).st_mode):
+    path, info = Path(path), os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
         raise UsageError(f"{what} {path} is not a regular file")
     if path.name.endswith(".gz"):
         _refuse_gzip_over(path, cap, what)  # a gzip bomb is refused before anything of it is parsed
-    elif os.stat(path).st_size > cap:
-        raise _too_big(path, what, os.stat(path).st_size, cap)
+    elif info.st_size > cap:
+        raise _too_big(path, what, info.st_size, cap)
     seen = lines = 0
     with _opened(path) as fh:
         while raw := _gz_read(path, what, lambda: fh.readline(min(cap - seen, MAX_LINE_BYTES) + 1)):

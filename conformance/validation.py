@@ -108,16 +108,10 @@ def result(q: Request, r: Any, caps: Capabilities) -> None:
         raise EngineError(f"run() returned {type(r).__name__} for {where}, not Result")
     if r.request_id != q.id:
         raise EngineError(f"result for {r.request_id!r} where {q.id!r} was expected (results out of order)")
-    if r.finish_reason not in FINISH_REASONS:
-        raise EngineError(f"{where}: unknown finish_reason {r.finish_reason!r}")
+    _result_fields(r, where)
     _tokens(r.output, caps.vocab_size, f"{where}: output")
     if r.finish_reason == "refused" and r.output:
         raise EngineError(f"{where}: a refused request has no output, got {len(r.output)} tokens")
-    for name in ("cached_tokens", "draft_proposed", "draft_accepted", "evictions", "prefill_chunks",
-                 "arrived_at_step", "ended_at_step"):
-        _count(getattr(r, name), f"{where}: {name}")
-    if r.preempted is not None and not isinstance(r.preempted, bool):
-        raise EngineError(f"{where}: preempted is {r.preempted!r}, not true, false or None")
     if r.top2 is not None:
         if not isinstance(r.top2, (tuple, list)) or len(r.top2) > len(r.output):
             raise EngineError(f"{where}: top2 must hold at most one entry per output token")
@@ -127,6 +121,22 @@ def result(q: Request, r: Any, caps: Capabilities) -> None:
                 raise EngineError(f"{where}: top2[{i}] = {entry!r} is not (id, finite logit, id, finite logit)")
     if r.logprobs is not None:
         logprobs(r.logprobs, r.output, caps, where)
+    json_safe(dict(r.extra), f"{where}: extra")
+
+
+_COUNTS = ("cached_tokens", "draft_proposed", "draft_accepted", "evictions", "prefill_chunks", "arrived_at_step",
+           "ended_at_step")
+
+
+def _result_fields(r: Result, where: str) -> None:
+    """The types of a result's fields, which the checks rely on: at the run's boundary (`result`) and in a
+    history read back (`recorded`) alike."""
+    if r.finish_reason not in FINISH_REASONS:
+        raise EngineError(f"{where}: unknown finish_reason {r.finish_reason!r:.80}")
+    for name in _COUNTS:
+        _count(getattr(r, name), f"{where}: {name}")
+    if r.preempted is not None and not isinstance(r.preempted, bool):
+        raise EngineError(f"{where}: preempted is {r.preempted!r}, not true, false or None")
     if not isinstance(r.timings, Mapping):
         raise EngineError(f"{where}: timings is a {type(r.timings).__name__}, not a mapping")
     for key, value in r.timings.items():
@@ -134,7 +144,6 @@ def result(q: Request, r: Any, caps: Capabilities) -> None:
             raise EngineError(f"{where}: timings[{key!r}] = {value!r} is not a finite number")
     if not isinstance(r.extra, Mapping):
         raise EngineError(f"{where}: extra is a {type(r.extra).__name__}, not a mapping")
-    json_safe(dict(r.extra), f"{where}: extra")
 
 
 def logprobs(lps: Any, output: Sequence[int], caps: Capabilities, where: str) -> None:
@@ -239,16 +248,11 @@ def recorded(history: Any) -> None:
 
 
 def _recorded_result(q: Request, r: Result) -> None:
+    """`result`'s field types, and the shapes of what it checks further against the engine's claims."""
     where = f"request {q.id}"
-    if r.finish_reason not in FINISH_REASONS:
-        raise EngineError(f"{where}: unknown finish_reason {r.finish_reason!r:.80}")
+    _result_fields(r, where)
     if not all(_is_int(t) for t in r.output):
         raise EngineError(f"{where}: output holds what is not a token id")
-    for name in ("cached_tokens", "draft_proposed", "draft_accepted", "evictions", "prefill_chunks",
-                 "arrived_at_step", "ended_at_step"):
-        _count(getattr(r, name), f"{where}: {name}")
     for name in ("top2", "logprobs"):
         if getattr(r, name) is not None and not isinstance(getattr(r, name), (tuple, list)):
             raise EngineError(f"{where}: {name} is a {type(getattr(r, name)).__name__}, not a list")
-    if not isinstance(r.timings, Mapping) or not isinstance(r.extra, Mapping):
-        raise EngineError(f"{where}: timings and extra must be mappings")
