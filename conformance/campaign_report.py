@@ -62,7 +62,8 @@ def campaign_blocks(campaign: Mapping[str, Any]) -> list[Any]:
     if campaign.get("baselines_differ"):
         out.append(Para(f"{campaign['baselines_differ']} request(s) had another plain decoding in another shard "
                         "(replicas on other hardware, or an engine whose plain decoding is not the same in every "
-                        "process): each shard's examples were judged by its own."))
+                        "process): each shard's examples were judged by its own; the first shard's stands for the "
+                        "coverage and the findings' stories."))
     if rows:
         out.append(Table(["shard", "its own verdict", "examples", "seed", "history", "run folder"]
                          + (["its own engine arguments"] if own else []), rows))
