@@ -422,3 +422,29 @@ def test_a_witness_with_requests_mid_flight_is_refused_not_exported_as_a_passing
     with pytest.raises(UsageError, match="mid-flight cannot be exported"):
         exporting.export(timed[0], tmp_path / "repro.py")
     assert not (tmp_path / "repro.py").exists()
+
+
+def test_the_run_history_beside_a_witness_is_read_as_report_reads_it(tmp_path, capsys):
+    """Export takes the engine's capabilities and the recorded baselines from the run's history beside a
+    witness. It read that history without the checks `kvparity report` applies: a string block size there
+    went into the reproducer's plan, and a script was written. Now it is read as `report` reads one (types,
+    example sizes, chain and results.json digest): one line, exit 3, no script. The committed run folder,
+    unedited, still reads."""
+    import gzip
+
+    from kvparity.commands.export.plan import _history
+
+    run = tmp_path / "run"
+    shutil.copytree(TRANSFORMERS_RUN.parent, run)
+    witness = run / "witnesses" / "parity-f291db0373.json"
+    assert _history(witness).capabilities.block_size == 16  # the unedited (legacy) history reads
+    with gzip.open(run / "history.jsonl.gz", "rt") as fh:
+        events = [json.loads(line) for line in fh]
+    events[0]["capabilities"]["block_size"] = "16"
+    with gzip.open(run / "history.jsonl.gz", "wt") as fh:
+        fh.write("".join(json.dumps(e) + "\n" for e in events))
+    assert exporting.main([str(witness), "--out", str(tmp_path / "x.py")]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvparity export: error: "), err
+    assert "block_size is '16', not an integer" in err[0]
+    assert not (tmp_path / "x.py").exists()

@@ -40,13 +40,19 @@ def witness_json(path: Path) -> dict[str, Any]:
 
 
 def _history(path: Path) -> Any | None:
-    """The run's history beside a run folder's witnesses/ (None for a witness kept on its own)."""
-    from conformance.history_files import history_in, load_history
+    """The run's history beside a run folder's witnesses/ (None for a witness kept on its own), read as
+    `kvparity report` and `merge` read one (conformance.reanalysis.read_verified): its chain, its match with
+    the run's results.json, its example sizes and the types of what it recorded are checked, and anything
+    else is one line. Export takes the run's capabilities and recorded baselines from it; read plainly, a
+    re-chained history's string `config_space` was a traceback, and a history edited after its verdict
+    (chain recomputed, results.json not) was trusted."""
+    from conformance.history_files import history_in
+    from conformance.reanalysis import read_verified
 
-    candidate = history_in(path.parent.parent)  # a committed run folder keeps history.jsonl.gz
-    if path.parent.name != "witnesses" or candidate is None:
+    run_dir = path.parent.parent  # a committed run folder keeps history.jsonl.gz
+    if path.parent.name != "witnesses" or history_in(run_dir) is None:
         return None
-    return load_history(candidate)
+    return read_verified(run_dir).history
 
 
 def capabilities(data: Mapping[str, Any], history: Any | None, same_engine: bool,
