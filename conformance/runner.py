@@ -14,12 +14,14 @@ from __future__ import annotations
 import platform
 import random
 import time
+import warnings
 from collections import Counter
 from typing import Any, Callable, Sequence
 
 import attrs
 from hypothesis import Phase, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import HypothesisWarning
 
 from conformance import alone
 from conformance import known as known_mod
@@ -318,9 +320,16 @@ def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> bool:
     """Run a Hypothesis test of the run (a round of the stream, or the completion after it). A failure is
     already in the history (the analysis reports its shrunk witness), an engine error too; anything else
     Hypothesis raises is recorded as an error. Ctrl-C and a history that cannot be written go on up.
-    False when the engine broke or an error was recorded: no further round then."""
+    False when the engine broke or an error was recorded: no further round then.
+
+    Hypothesis writes a failing example's arguments out as a repr, to name it; kvparity names it by its
+    witness file, and a stream's repr runs to tens of kB, past which Hypothesis warns ("Generating overly
+    large repr ... Use -Wignore"): two lines in the middle of the progress lines, advice for a pytest
+    user, not for a `kvparity run`. That warning is not shown; every other one is."""
     try:
-        test()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Generating overly large repr", category=HypothesisWarning)
+            test()
     except _EngineBroken:
         return False  # already recorded as an `error` event
     except ShrinkTimeUp:

@@ -110,3 +110,28 @@ def test_a_run_remembers_the_first_example_each_check_failed_where_shrinking_end
     assert outcome.first_failing["isolation"] < witness.example
     clean = run(tmp_path / "clean", checks=["isolation"])
     assert clean.first_failing == {}
+
+
+def test_hypothesis_warning_about_a_large_repr_is_not_shown_and_other_warnings_are():
+    """A failing stream's repr runs to tens of kB, and Hypothesis warned about it in the middle of a run's
+    progress lines ("Use -Wignore ..."). The run does not show that warning; any other warning still shows.
+    (A FAKE Hypothesis test standing in for the stream: what is tested is the run's phase around it.)"""
+    import warnings
+
+    from hypothesis import given, settings, strategies as st
+
+    from conformance.history import HistoryWriter
+    from conformance.runner import _run_phase
+
+    @settings(max_examples=1, database=None, derandomize=True)
+    @given(st.just("x" * 40_000))
+    def fails(big):
+        warnings.warn("an engine's own warning", UserWarning)
+        raise AssertionError("a failure")
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert _run_phase(fails, HistoryWriter(None))
+    messages = [str(w.message) for w in seen]
+    assert any("an engine's own warning" in m for m in messages), messages
+    assert not any("overly large repr" in m for m in messages), messages
