@@ -168,8 +168,10 @@ def combined_history(runs: Sequence[ShardRun]) -> tuple[History, list[tuple[int,
     h.meta["campaign"] = {"shards": len(usable), "campaign_seed": usable[0].campaign_seed if usable else None,
                           "baselines_differ": len(differ)}
     duration = sum(float((r.history.ended or {}).get("duration_s") or 0) for r in usable)
+    engine = [r.history.engine_s for r in usable]  # None for a shard written before runs kept it
     h.ended = {"event": "run_end", "examples": len(h.examples), "shrink_steps": sum(map(shrink_steps, usable)),
-               "duration_s": round(duration, 3)}
+               "duration_s": round(duration, 3), **({"engine_s": round(sum(engine), 3)}
+                                                    if usable and None not in engine else {})}
     return h, ranges
 
 

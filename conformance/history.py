@@ -251,6 +251,11 @@ class History:
     def duration_s(self) -> float | None:
         return None if self.ended is None or self.ended.get("duration_s") is None else float(self.ended["duration_s"])
 
+    @property
+    def engine_s(self) -> float | None:
+        """Seconds inside engine calls (None: a run that did not end, or one written before they were kept)."""
+        return None if self.ended is None or self.ended.get("engine_s") is None else float(self.ended["engine_s"])
+
     def incomplete(self) -> str | None:
         """Why this history is not a finished run, in one line; None when it ended cleanly."""
         if self.ended is not None:

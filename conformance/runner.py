@@ -255,13 +255,11 @@ def _run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler]
                 examples = alone.run_probes(runner, builder.history, findings, examples)
         stopping.check()  # stopped before the run ended: INTERRUPTED, not a finished run
         closer(lambda cause: writer.append("error", cause=cause))
-        writer.append("run_end", examples=examples, shrink_steps=tally.steps,
-                      duration_s=round(time.monotonic() - started, 3))
+        writer.append("run_end", **_run_end(examples, tally.steps, started, calls))
     except EngineError as exc:
         writer.append("error", cause=one_line(exc))
         closer(lambda cause: writer.append("error", cause=cause))
-        writer.append("run_end", examples=examples, shrink_steps=tally.steps,
-                      duration_s=round(time.monotonic() - started, 3))
+        writer.append("run_end", **_run_end(examples, tally.steps, started, calls))
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP in a supervised child (conformance.stopping)
         interrupted, stop_code = True, stopping.exit_code(exc)
         stopping.ignore_further()
@@ -314,6 +312,15 @@ class _Closer:
             self.calls(self.engine.close, "close()")
         except EngineError as exc:
             record(one_line(exc))
+
+
+def _run_end(examples: int, shrink_steps: int, started: float, calls: EngineCalls) -> dict[str, Any]:
+    """The run_end event's figures. `engine_s`: the time spent inside engine calls (the engine's own
+    runs, resets, snapshots, and the plain decoding its baseline gives), so a run says how much of its
+    wall time was the engine's and how much the harness's: a GPU engine idle most of a run is waiting
+    on the harness, and more shards (`--shard`, `kvparity campaign`) keep it busy."""
+    return {"examples": examples, "shrink_steps": shrink_steps,
+            "duration_s": round(time.monotonic() - started, 3), "engine_s": round(calls.busy_s, 3)}
 
 
 def _run_phase(test: Callable[[], None], writer: HistoryWriter) -> bool:

@@ -224,9 +224,10 @@ def recorded(history: Any) -> None:
         raise EngineError(f"run_start checks is {checks!r:.80}, not a list of check names")
     if engine_args is not None and not isinstance(engine_args, Mapping):
         raise EngineError(f"run_start engine_args is a {type(engine_args).__name__}, not a mapping")
-    duration = (history.ended or {}).get("duration_s")
-    if duration is not None and not _is_finite(duration):
-        raise EngineError(f"run_end duration_s is {duration!r:.80}, not a finite number")
+    for name in ("duration_s", "engine_s"):
+        value = (history.ended or {}).get(name)
+        if value is not None and not _is_finite(value):
+            raise EngineError(f"run_end {name} is {value!r:.80}, not a finite number")
     caps = history.capabilities
     if caps is not None:
         for name in ("vocab_size", "max_context", "block_size"):

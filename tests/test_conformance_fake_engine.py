@@ -33,6 +33,17 @@ def test_clean_fake_passes_and_writes_a_complete_report(tmp_path):
     results = json.loads((outcome.run_dir / "results.json").read_text())
     assert results["verdict"] == "pass" and set(results["checks"]) >= {"parity", "isolation", "exercised"}
     assert "<svg" in (outcome.run_dir / "report.html").read_text()
+    # the time inside engine calls, beside the run's: the instant fake waits on the harness nearly all along
+    assert 0 < results["engine_s"] < results["duration_s"] / 2, results["engine_s"]
+    assert "of it inside engine calls" in (outcome.run_dir / "report.md").read_text()
+
+
+def test_the_engine_share_of_a_run_says_when_more_shards_would_keep_the_engine_busy():
+    from conformance.report.sections import engine_time
+
+    assert engine_time(10.0, 8.0) == "80% of it inside engine calls (8.0 s)"  # the engine is the bottleneck
+    assert engine_time(10.0, 2.0).endswith("the engine waited on kvparity most of the run: more shards keep it busy")
+    assert engine_time(None, 2.0) is None and engine_time(10.0, None) is None and engine_time(0.0, 0.0) is None
 
 
 @pytest.mark.parametrize("bug,check", [

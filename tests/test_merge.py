@@ -81,6 +81,7 @@ def test_all_shards_sound_merge_to_their_verdict_with_coverage_summed(runs, tmp_
     one, two = _results(runs["1"]), _results(runs["2"])
     assert code == 0 and merged["verdict"] == "pass" and not merged["errors"], printed
     assert merged["examples"] == one["examples"] + two["examples"]
+    assert merged["engine_s"] == pytest.approx(one["engine_s"] + two["engine_s"], abs=0.02)  # the shards' summed
     summed = merged["checks"]["exercised"]["stats"]
     for stat in ("results", "cached_tokens", "situation:eviction"):
         assert summed[stat] == one["checks"]["exercised"]["stats"][stat] + two["checks"]["exercised"]["stats"][stat]

@@ -452,6 +452,7 @@ ODD_VALUES = {  # one value of the wrong type, where the checks (not the reader)
     "a list engine_args": (lambda evs: evs[0].update(engine_args=[1]), "engine_args"),
     "checks of numbers": (lambda evs: evs[0].update(checks=[1, 2]), "checks"),
     "a string duration": (lambda evs: _first(evs, "run_end").update(duration_s="x"), "duration_s"),
+    "a string engine time": (lambda evs: _first(evs, "run_end").update(engine_s="x"), "engine_s"),
     "an int finish_reason": (lambda evs: _first(evs, "batch")["results"][0].update(finish_reason=5), "finish_reason"),
     "a string snapshot": (lambda evs: _first(evs, "reset").update(snapshot="x"), "AttributeError"),
     "an int baseline key": (lambda evs: _first(evs, "baseline").update(key=7), "AttributeError"),

@@ -122,6 +122,7 @@ def results_json(history: History, analysis: Analysis, witnesses: Mapping[str, P
     return {"run": meta, "examples": len(history.examples) - (shrink_steps or 0), "shrink_steps": shrink_steps,
             "examples_recorded": len(history.examples), "history_digest": history.digest,
             "duration_s": None if duration is None else round(float(duration), 2),
+            "engine_s": None if history.engine_s is None else round(history.engine_s, 2),
             "finished": history.ended is not None, "interrupted": history.interrupted,
             "minimised": dict(carried.get("minimised") or {}), "process": carried.get("process"), **data,
             **results_part(history), "findings": findings, "decoded": decoded}

@@ -16,9 +16,22 @@ from conformance.report.lane import lane_file, lane_svg
 from conformance.report.story import blocks as story_blocks
 
 
+def engine_time(duration_s: float | None, engine_s: float | None) -> str | None:
+    """How much of a run's wall time was spent inside engine calls, in words (None: not recorded). Below
+    half, the engine waited on kvparity (drawing, recording, checking) most of the run: a fast engine is
+    kept busy by more shards, each its own process (`--shard`, `kvparity campaign`)."""
+    if duration_s is None or engine_s is None or duration_s <= 0:
+        return None
+    share = min(1.0, engine_s / duration_s)
+    hint = "; the engine waited on kvparity most of the run: more shards keep it busy" if share < 0.5 else ""
+    return f"{share:.0%} of it inside engine calls ({engine_s:.1f} s){hint}"
+
+
 def _head(results: Mapping[str, Any]) -> list[Block]:
     run = results["run"]
     duration = "unknown time" if results["duration_s"] is None else f"{results['duration_s']} s"
+    engine = engine_time(results["duration_s"], results.get("engine_s"))
+    duration += f", {engine}" if engine else ""
     out: list[Block] = [Heading(1, f"kvparity report: {run.get('engine')}")]
     if not results["finished"]:
         how = "INTERRUPTED" if results["interrupted"] else "INCOMPLETE"

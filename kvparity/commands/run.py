@@ -16,6 +16,7 @@ from conformance.arguments import DEFAULT_TIMEOUT_S, positive_int, positive_seco
 from conformance.engine_lifecycle import Session, build_engine, close_engine
 from conformance.exit_codes import ExitCode
 from conformance.reproduce import DEFAULT_MAX_SHRINK_SECONDS, seed_line
+from conformance.report.sections import engine_time
 from conformance.step_counts import table
 from kvparity.parsing import UsageParser, named, run_command, summary
 
@@ -165,6 +166,12 @@ def finish(args: argparse.Namespace, outcome: Any, engine: Any) -> int:
         print(f"shrinking stopped at --max-shrink-seconds {args.max_shrink_seconds:g}: each witness is the smallest "
               f"failure found by then (a larger cap, or --minimise, may shrink it further)")
     print(table(Counter(outcome.step_kinds)))
+    h = outcome.history
+    if h is not None and h.duration_s is not None and h.engine_s is not None:
+        duration = round(h.duration_s, 2)  # rounded as results.json rounds them: the console and report agree
+        engine = engine_time(duration, round(h.engine_s, 2))
+        if engine:
+            print(f"time: {duration} s, {engine}")
     print(seed_line(args, outcome.seed))
     shrink = (outcome.history.ended or {}).get("shrink_steps") if outcome.history is not None else None
     shrunk = f" (+{shrink} shrink steps)" if isinstance(shrink, int) and 0 < shrink <= outcome.examples else ""
