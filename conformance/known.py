@@ -141,17 +141,23 @@ def bugs_seen(history: History, checks: Sequence[str]) -> dict[str, set[str]]:
     last failure was known passed whatever else it had failed with. Here each failing example is signed as
     the live run signs it (conformance.signature.example_signatures); a context probe's examples are not
     judged (conformance.analysis)."""
+    saw: dict[str, set[str]] = {}
+    for sig, fd in example_findings(history, checks):
+        saw.setdefault(sig.id, set()).update(f.check for f in fd.failures)
+    return saw
+
+
+def example_findings(history: History, checks: Sequence[str]) -> Iterable[tuple[Signature, Any]]:
+    """Each judged example's failures of `checks`, grouped and signed as the live run signs them: what the
+    gate (`bugs_seen`) judges, and so what `kvparity report --write-known` writes beside the findings."""
     from conformance.analysis import example_verdicts
 
-    saw: dict[str, set[str]] = {}
     for ex in history.examples:
         if not checks or ex.kin or ex.rebatch:
             continue
         verdicts = example_verdicts(history, ex, checks)
         if any(r.failures for r in verdicts.values()):
-            for sig, fd in signed_findings(history.only(ex), Analysis(checks=verdicts)):
-                saw.setdefault(sig.id, set()).update(f.check for f in fd.failures)
-    return saw
+            yield from signed_findings(history.only(ex), Analysis(checks=verdicts))
 
 
 def recorded(history: History) -> tuple[list[dict[str, str]], bool] | None:

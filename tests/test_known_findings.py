@@ -242,3 +242,30 @@ def test_a_known_bug_met_but_not_shown_is_not_fixed_and_a_known_last_failure_hid
     analysis = analyse(history, ["parity"])
     analysis.known = known.judge(history, analysis, [{"signature": hidden[0]}], strict=True)
     assert not analysis.known.fixed and not analysis.known.fails_run
+
+
+def test_a_run_judged_with_the_known_file_it_wrote_has_nothing_unknown(tmp_path, capsys):
+    """One bug fails a run with several signatures (its faces: the checks and mechanisms its failing
+    examples meet), and the gate judges every failing example's. `--write-known` wrote the findings'
+    alone, so the run's own file did not hold it: the reference engine's `rejected_draft_committed`, ci,
+    seed 0 — 1 finding, 5 example signatures, and the same seed rerun with its file FAILed. Now the file
+    holds every signature the gate judges, and a second write adds to the file, keeping what a person
+    wrote in it."""
+    from conformance.checks import CHECKS as ALL
+
+    checks = ",".join(ALL)  # every check: the faces are the other checks its failing examples meet
+    code, first = run(tmp_path, "rejected_draft_committed", checks=checks, seed="0", examples=20)
+    assert code == 1
+    path = tmp_path / "known.json"
+    assert main(["report", first["dir"], "--write-known", str(path)]) == 0
+    entries = known.load(path)
+    history = read_verified(Path(first["dir"])).history
+    judged = known.judge(history, analyse(history, checks.split(",")), entries, strict=False)
+    assert not judged.unknown_in, judged.unknown_in  # the run, judged with its own file, has nothing new
+    assert len(entries) > len(signatures(first))  # the bug's other faces are listed beside its finding
+
+    edited = [dict(e, upstream="https://example.org/issue/1") if i == 0 else e for i, e in enumerate(entries)]
+    path.write_text(known.file_text(edited))
+    assert main(["report", first["dir"], "--write-known", str(path)]) == 0
+    again = known.load(path)
+    assert again == edited and "(0 new," in capsys.readouterr().out  # nothing lost, nothing twice
