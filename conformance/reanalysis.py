@@ -188,7 +188,7 @@ def write_known(run_dir: Path, path: Path) -> int:
     checks and mechanisms its failures meet. Written from its findings alone, a file did not hold its own
     run (measured on the reference engine's `rejected_draft_committed`, ci, seed 0: 1 finding, 5 example
     signatures; the same seed rerun with the file it wrote: FAIL). Another seed meets other faces (the
-    zoo's faults, seeds 1-3: 2 to 8 not met by seed 0), so FILE keeps what it had: written from several
+    zoo's faults, seeds 1-3: 1 to 8 not met by seed 0), so FILE keeps what it had: written from several
     runs, it holds what each met. An entry no run meets any more is the person's to remove
     (`--strict-known` reports it FIXED)."""
     from conformance.signature import signed_findings

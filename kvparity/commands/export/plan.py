@@ -44,8 +44,8 @@ def _history(path: Path) -> Any | None:
     `kvparity report` and `merge` read one (conformance.reanalysis.read_verified): its chain, its match with
     the run's results.json, its example sizes and the types of what it recorded are checked, and anything
     else is one line. Export takes the run's capabilities and recorded baselines from it; read plainly, a
-    re-chained history's string `config_space` was a traceback, and a history edited after its verdict
-    (chain recomputed, results.json not) was trusted."""
+    history's string block size went into the reproducer's plan, and a history whose chain did not verify
+    was read all the same (its problems were the history's errors, which export did not look at)."""
     from conformance.history_files import history_in
     from conformance.reanalysis import read_verified
 
