@@ -247,14 +247,11 @@ class History:
         """Which oracle judged the run ("" where the engine did not say, e.g. histories written before)."""
         return self.capabilities.oracle if self.capabilities else ""
 
-    @property
-    def duration_s(self) -> float | None:
-        return None if self.ended is None or self.ended.get("duration_s") is None else float(self.ended["duration_s"])
+    def ended_seconds(self, key: str) -> float | None:  # None: not ended, or a history from before `key` was kept
+        return None if self.ended is None or self.ended.get(key) is None else float(self.ended[key])
 
-    @property
-    def engine_s(self) -> float | None:
-        """Seconds inside engine calls (None: a run that did not end, or one written before they were kept)."""
-        return None if self.ended is None or self.ended.get("engine_s") is None else float(self.ended["engine_s"])
+    duration_s = property(lambda self: self.ended_seconds("duration_s"))
+    engine_s = property(lambda self: self.ended_seconds("engine_s"))  # the time inside engine calls
 
     def incomplete(self) -> str | None:
         """Why this history is not a finished run, in one line; None when it ended cleanly."""

@@ -269,3 +269,7 @@ def test_a_run_judged_with_the_known_file_it_wrote_has_nothing_unknown(tmp_path,
     assert main(["report", first["dir"], "--write-known", str(path)]) == 0
     again = known.load(path)
     assert again == edited and "(0 new," in capsys.readouterr().out  # nothing lost, nothing twice
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")  # a file it cannot read is refused, never overwritten
+    assert main(["report", first["dir"], "--write-known", str(bad)]) == 3
+    assert bad.read_text() == "not json" and "is not valid JSON" in capsys.readouterr().err
