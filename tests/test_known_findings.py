@@ -254,7 +254,7 @@ def test_a_run_judged_with_the_known_file_it_wrote_has_nothing_unknown(tmp_path,
     from conformance.checks import CHECKS as ALL
 
     checks = ",".join(ALL)  # every check: the faces are the other checks its failing examples meet
-    code, first = run(tmp_path, "rejected_draft_committed", checks=checks, seed="0", examples=20)
+    code, first = run(tmp_path, "rejected_draft_committed", checks=checks, seed="0", examples=8)
     assert code == 1
     path = tmp_path / "known.json"
     assert main(["report", first["dir"], "--write-known", str(path)]) == 0
