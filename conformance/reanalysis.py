@@ -195,10 +195,9 @@ def write_known(run_dir: Path, path: Path) -> int:
 
     history = read_verified(run_dir).history
     analysis = analyse(history, history.meta.get("checks") or None)
-    recorded_entries = (known.recorded(history) or ([], False))[0]
     existing = known.load(path) if path.exists() else []  # the user's file, reviewed: read as untrusted
-    had = {e["signature"]: e for e in [*recorded_entries, *existing]}
     entries: dict[str, dict[str, str]] = {e["signature"]: dict(e) for e in existing}
+    had = {e["signature"]: e for e in (known.recorded(history) or ([], False))[0]}  # what the run was given
     failed = [n for n, r in analysis.checks.items() if r.status == "fail"]
     new = 0
     for sig, fd in [*signed_findings(history, analysis), *known.example_findings(history, failed)]:

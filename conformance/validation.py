@@ -210,7 +210,6 @@ def snapshot(raw: Any) -> dict[str, Any]:
     return out
 
 
-
 def recorded(history: Any) -> None:
     """A history read back (`kvparity report`, `kvparity merge`) crosses a boundary again: its values were
     checked here when the run wrote them, but a history whose chain was recomputed after an edit (the chain
