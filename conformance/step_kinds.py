@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conformance import step_counts
 from conformance.contract import EosPath, Identity, Request
-from conformance.domains import (adapter_bindings, max_tokens, nearest_by_input, sampled, stop_ids, token_lists,
+from conformance.domains import (ONE_CHARACTER, adapter_bindings, max_tokens, nearest_by_input, sampled, stop_ids, token_lists,
                                  token_suffixes)
 from conformance.midflight_steps import applies as midflight_applies, midflight
 from conformance.scenario import MAX_NEW, Continuation, Reset, renamed
@@ -225,7 +225,7 @@ def colliding_pair(s: Stream) -> tuple[Identity, Identity]:
     The salt is one in play and the separator any one character or none (drawn, not listed)."""
     named = [(n, d) for n, d in adapter_bindings(s.caps) if n]
     name, digest = s.draw(sampled(named))
-    sep = s.draw(st.text(max_size=1))
+    sep = s.draw(ONE_CHARACTER)
     stem = s.draw(sampled(sorted({i.salt for i in s.identities if i.salt})))
     revision = s.draw(sampled(sorted(landmark_revisions(s))))
     fused = Identity(revision=revision, salt=s.draw(sampled((stem + sep + name, name + sep + stem))))
