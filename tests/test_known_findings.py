@@ -4,7 +4,7 @@ reported as fixed when they stop occurring, and one run reports several bugs, ea
 Real engine: the reference engine with zoo faults planted (`fault=a+b` plants two). Two faults caught
 early by different checks: `cached_overreported` (prefix_only, from the first example) and
 `rejected_draft_committed` (spec_independence / parity, by the third; reports/fault-zoo.md). Runs are
-short (`--no-shrink`, 20 examples): the shrunk case is measured in the branch's report, not here.
+short (`--no-shrink`, 8-20 examples): the shrunk case is measured in the branch's report, not here.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_signature_holds_no_run_specific_numbers():
 def test_the_same_bug_from_two_seeds_has_one_signature(tmp_path):
     """Two seeds draw different streams and different witnesses of the speculation bug; its signature
     (check, mechanism, title) is the same."""
-    found = [signatures(run(tmp_path, "rejected_draft_committed", seed=s, checks="spec_independence")[1])
+    found = [signatures(run(tmp_path, "rejected_draft_committed", seed=s, checks="spec_independence", examples=8)[1])
              for s in ("0", "1")]
     assert found[0] and found[0] == found[1]
     assert set(found[0].values()) == {"spec_independence"} and len(found[0]) == 1
@@ -116,7 +116,7 @@ def test_two_planted_faults_give_two_findings_with_two_witnesses(tmp_path):
 
 
 def test_known_findings_are_waived_recorded_and_reported_fixed(tmp_path, capsys):
-    code, first = run(tmp_path, "cached_overreported", checks="prefix_only")
+    code, first = run(tmp_path, "cached_overreported", checks="prefix_only", examples=8)  # fails from the first
     assert code == 1
     baseline = tmp_path / "known.json"
     assert main(["report", first["dir"], "--write-known", str(baseline)]) == 0
@@ -124,7 +124,8 @@ def test_known_findings_are_waived_recorded_and_reported_fixed(tmp_path, capsys)
     assert [e["check"] for e in entries] == ["prefix_only"] and entries[0]["signature"] in signatures(first)
 
     # the known bug alone: recorded and shown as known, the run passes
-    code, again = run(tmp_path, "cached_overreported", "--known", str(baseline), checks="prefix_only", seed="1")
+    code, again = run(tmp_path, "cached_overreported", "--known", str(baseline), checks="prefix_only", seed="1",
+                      examples=8)
     assert code == 0 and again["verdict"] == "pass"
     assert again["findings"] and all(fd["known"] for fd in again["findings"])
     assert again["known"]["seen"] == {entries[0]["signature"]: len(again["findings"])}
