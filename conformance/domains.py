@@ -135,8 +135,8 @@ _SEEDS = st.one_of(st.integers(0, 7), st.integers(8, 2**24))
 
 # One character of the whole of Unicode but the surrogates, or none: what `st.text(max_size=1)` draws,
 # the same choices. Named rather than `st.text()`, whose default alphabet is a codec's: Hypothesis then
-# maps which code points UTF-8 encodes, 1-3 s of CPU in each process run where its cache of that map is
-# not (a fresh checkout, a test's temporary directory, a shard's worker).
+# maps which code points UTF-8 encodes: 1-3 s of CPU in every process started where its cache of that map
+# is absent (a fresh checkout, a test's temporary directory, a shard's worker).
 ONE_CHARACTER = st.text(st.characters(exclude_categories=("Cs",)), max_size=1)
 
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from conformance import step_counts
 from conformance.contract import EosPath, Identity, Request
-from conformance.domains import (ONE_CHARACTER, adapter_bindings, max_tokens, nearest_by_input, sampled, stop_ids, token_lists,
-                                 token_suffixes)
+from conformance.domains import (ONE_CHARACTER, adapter_bindings, max_tokens, nearest_by_input, sampled, stop_ids,
+                                 token_lists, token_suffixes)
 from conformance.midflight_steps import applies as midflight_applies, midflight
 from conformance.scenario import MAX_NEW, Continuation, Reset, renamed
 from conformance.stream import StepKind, Stream
