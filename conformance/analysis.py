@@ -70,6 +70,11 @@ class Analysis:
         return [f for r in self.checks.values() for f in r.failures]
 
     @property
+    def failed_checks(self) -> list[str]:
+        """The checks whose own results failed, known findings not waived: what the known-findings gate signs."""
+        return [n for n, r in self.checks.items() if r.status == FAIL]
+
+    @property
     def near_ties(self) -> int:
         return int(self.checks["parity"].stats.get("near_ties", 0)) if "parity" in self.checks else 0
 

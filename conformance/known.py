@@ -125,7 +125,7 @@ def judge(history: History, analysis: Analysis, entries: Sequence[Mapping[str, s
         if sig.id in ids:
             seen[sig.id] = seen.get(sig.id, 0) + fd.count
             waived |= {f.case_id for f in fd.failures}
-    saw = bugs_seen(history, [n for n, r in analysis.checks.items() if r.status == "fail"])
+    saw = bugs_seen(history, analysis.failed_checks)
     fixed = tuple(e for e in entries if e["signature"] not in seen and e["signature"] not in saw)
     unknown_in = frozenset(check for sig, checks in saw.items() if sig not in ids for check in checks)
     return KnownOutcome(tuple(entries), strict, frozenset(waived), seen, fixed, unknown_in, "shard" in history.meta)

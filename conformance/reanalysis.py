@@ -198,9 +198,8 @@ def write_known(run_dir: Path, path: Path) -> int:
     existing = known.load(path) if path.exists() else []  # the user's file, reviewed: read as untrusted
     entries: dict[str, dict[str, str]] = {e["signature"]: dict(e) for e in existing}
     had = {e["signature"]: e for e in (known.recorded(history) or ([], False))[0]}  # what the run was given
-    failed = [n for n, r in analysis.checks.items() if r.status == "fail"]
     new = 0
-    for sig, fd in [*signed_findings(history, analysis), *known.example_findings(history, failed)]:
+    for sig, fd in [*signed_findings(history, analysis), *known.example_findings(history, analysis.failed_checks)]:
         if sig.id not in entries:
             note = f"seen in {run_dir.name}, example {fd.failure.example} ({fd.failure.case_id})"
             old = had.get(sig.id, {})
