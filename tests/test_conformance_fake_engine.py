@@ -33,8 +33,8 @@ def test_clean_fake_passes_and_writes_a_complete_report(tmp_path):
     results = json.loads((outcome.run_dir / "results.json").read_text())
     assert results["verdict"] == "pass" and set(results["checks"]) >= {"parity", "isolation", "exercised"}
     assert "<svg" in (outcome.run_dir / "report.html").read_text()
-    # the time inside engine calls, beside the run's: the instant fake waits on the harness nearly all along
-    assert 0 < results["engine_s"] < results["duration_s"] / 2, results["engine_s"]
+    # the time inside engine calls is part of the run's (a share, not a speed: benchmarks/ measure those)
+    assert 0 < results["engine_s"] <= results["duration_s"], (results["engine_s"], results["duration_s"])
     assert "of it inside engine calls" in (outcome.run_dir / "report.md").read_text()
 
 
