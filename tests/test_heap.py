@@ -1,0 +1,86 @@
+"""A run freezes the heap it found (conformance.heap): full collections skip what was alive before it,
+waiting garbage is collected first, and the process's collector is as it was afterwards — or left alone
+where someone else froze it or turned it off."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from conformance import heap
+from conformance.run_config import RunConfig
+from conformance.runner import run_suite
+from fake_engine import FakeDictEngine
+
+
+@pytest.fixture(autouse=True)
+def unfrozen():
+    assert gc.get_freeze_count() == 0 and gc.isenabled(), "another test left the heap frozen or the collector off"
+    yield
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def _tracked(obj: object) -> bool:
+    """Whether the collector's generations hold `obj` (the permanent one, where frozen objects go, is
+    not among them)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_the_heap_is_frozen_inside_after_its_garbage_is_collected_and_unfrozen_after():
+    waiting = _Cycle()
+    gone = weakref.ref(waiting)
+    del waiting  # garbage only a collection finds (a cycle)
+    alive_before = _Cycle()
+    with heap.frozen():
+        assert gone() is None  # collected before the freeze: not kept for the run's length
+        assert gc.get_freeze_count() > 0 and not _tracked(alive_before)  # frozen: collections skip it
+        assert _tracked(_Cycle())  # what the run makes is collected as before
+    assert gc.get_freeze_count() == 0 and _tracked(alive_before)  # unfrozen: collected as usual again
+
+
+def test_a_heap_someone_else_froze_is_left_as_it_is():
+    gc.freeze()
+    try:
+        frozen_by_them = gc.get_freeze_count()
+        with heap.frozen():
+            assert gc.get_freeze_count() == frozen_by_them
+        assert gc.get_freeze_count() == frozen_by_them  # theirs is not unfrozen
+    finally:
+        gc.unfreeze()
+
+
+def test_a_disabled_collector_is_left_off_and_unfrozen():
+    gc.disable()
+    try:
+        with heap.frozen():
+            assert gc.get_freeze_count() == 0 and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+class _SeesTheHeap(FakeDictEngine):
+    """The FAKE engine, noting how many objects were frozen at each of its runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen_at_run: list[int] = []
+
+    def run(self, requests):
+        self.frozen_at_run.append(gc.get_freeze_count())
+        return super().run(requests)
+
+
+def test_a_run_freezes_the_heap_it_found_and_unfreezes_it_after(tmp_path):
+    engine = _SeesTheHeap()
+    outcome = run_suite(engine, RunConfig(engine_name="fake", profile="dev", max_examples=2, seed=1,
+                                          report_dir=tmp_path, database_dir=tmp_path / "db"))
+    assert outcome.verdict == "pass" and engine.frozen_at_run
+    assert min(engine.frozen_at_run) > 0  # the engine, its model and the imports: skipped by every collection
+    assert gc.get_freeze_count() == 0
