@@ -15,7 +15,7 @@ from conformance.contract import FINISH_REASONS, TIMELINE, Baseline, Capabilitie
 from conformance.knobs import KNOB_ROLES
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -25,7 +25,7 @@ def _is_finite(v: Any) -> bool:
 
 def json_safe(value: Any, where: str) -> None:
     """Raise unless `value` is plain JSON data with finite numbers (what the history can hold)."""
-    if value is None or isinstance(value, (bool, str)) or _is_int(value):
+    if value is None or isinstance(value, (bool, str)) or is_int(value):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -45,13 +45,13 @@ def json_safe(value: Any, where: str) -> None:
 
 
 def _count(value: Any, where: str) -> None:
-    if value is not None and (not _is_int(value) or value < 0):
+    if value is not None and (not is_int(value) or value < 0):
         raise EngineError(f"{where} is {value!r}, not a count (an integer >= 0, or None)")
 
 
 def _tokens(tokens: Sequence[Any], vocab: int, where: str) -> None:
     for i, t in enumerate(tokens):
-        if not _is_int(t) or not 0 <= t < vocab:
+        if not is_int(t) or not 0 <= t < vocab:
             raise EngineError(f"{where}[{i}] = {t!r} is not a token id of the vocabulary of {vocab}")
 
 
@@ -61,13 +61,13 @@ def capabilities(caps: Any) -> Capabilities:
         raise EngineError(f"capabilities() returned {type(caps).__name__}, not Capabilities")
     for name in ("vocab_size", "max_context", "block_size"):
         value = getattr(caps, name)
-        if not _is_int(value) or value < 1:
+        if not is_int(value) or value < 1:
             raise EngineError(f"capabilities().{name} is {value!r}, not a positive integer")
-    if caps.eos_id is not None and (not _is_int(caps.eos_id) or not 0 <= caps.eos_id < caps.vocab_size):
+    if caps.eos_id is not None and (not is_int(caps.eos_id) or not 0 <= caps.eos_id < caps.vocab_size):
         raise EngineError(f"capabilities().eos_id is {caps.eos_id!r}, not a token id")
     if not _is_finite(caps.tolerance) or caps.tolerance < 0:
         raise EngineError(f"capabilities().tolerance is {caps.tolerance!r}, not a finite number >= 0")
-    if not _is_int(caps.logprobs_k) or caps.logprobs_k < 0:
+    if not is_int(caps.logprobs_k) or caps.logprobs_k < 0:
         raise EngineError(f"capabilities().logprobs_k is {caps.logprobs_k!r}, not a count (an integer >= 0)")
     if caps.logprob_epsilon is not None and (not _is_finite(caps.logprob_epsilon) or caps.logprob_epsilon < 0):
         raise EngineError(f"capabilities().logprob_epsilon is {caps.logprob_epsilon!r}, not a finite number >= 0")
@@ -116,7 +116,7 @@ def result(q: Request, r: Any, caps: Capabilities) -> None:
         if not isinstance(r.top2, (tuple, list)) or len(r.top2) > len(r.output):
             raise EngineError(f"{where}: top2 must hold at most one entry per output token")
         for i, entry in enumerate(r.top2):
-            if (not isinstance(entry, (tuple, list)) or len(entry) != 4 or not _is_int(entry[0]) or not _is_int(entry[2])
+            if (not isinstance(entry, (tuple, list)) or len(entry) != 4 or not is_int(entry[0]) or not is_int(entry[2])
                     or not _is_finite(entry[1]) or not _is_finite(entry[3])):
                 raise EngineError(f"{where}: top2[{i}] = {entry!r} is not (id, finite logit, id, finite logit)")
     if r.logprobs is not None:
@@ -159,7 +159,7 @@ def logprobs(lps: Any, output: Sequence[int], caps: Capabilities, where: str) ->
         if not isinstance(step, (tuple, list)) or not 1 <= len(step) <= caps.logprobs_k + 1:
             raise EngineError(f"{at} is not 1 to k + 1 = {caps.logprobs_k + 1} (token, logprob) pairs")
         for pair in step:
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not _is_int(pair[0]) or not _is_finite(pair[1]):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not is_int(pair[0]) or not _is_finite(pair[1]):
                 raise EngineError(f"{at} holds {pair!r}, not (token id, finite logprob)")
             if not 0 <= pair[0] < caps.vocab_size or pair[1] > 0:
                 raise EngineError(f"{at} holds {pair!r}: a token outside the vocabulary or a logprob above 0")
@@ -230,7 +230,7 @@ def recorded(history: Any) -> None:
     caps = history.capabilities
     if caps is not None:
         for name in ("vocab_size", "max_context", "block_size"):
-            if not _is_int(getattr(caps, name)):
+            if not is_int(getattr(caps, name)):
                 raise EngineError(f"capabilities {name} is {getattr(caps, name)!r:.80}, not an integer")
         if not _is_finite(caps.tolerance):
             raise EngineError(f"capabilities tolerance is {caps.tolerance!r:.80}, not a finite number")
@@ -251,7 +251,7 @@ def _recorded_result(q: Request, r: Result) -> None:
     """`result`'s field types, and the shapes of what it checks further against the engine's claims."""
     where = f"request {q.id}"
     _result_fields(r, where)
-    if not all(_is_int(t) for t in r.output):
+    if not all(is_int(t) for t in r.output):
         raise EngineError(f"{where}: output holds what is not a token id")
     for name in ("top2", "logprobs"):
         if getattr(r, name) is not None and not isinstance(getattr(r, name), (tuple, list)):

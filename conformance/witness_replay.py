@@ -59,13 +59,14 @@ def _refuse_odd_fields(steps: list[Any], path: str | Path) -> None:
     """The fields the step reader passes on unconverted must have the types a run writes: a request id
     and a parent are names, a restop position an integer (a list or a string there was a traceback)."""
     from conformance.scenario import Batch, Continuation
+    from conformance.validation import is_int
 
     for step in steps:
         for item in step.items if isinstance(step, Batch) else ():
             odd = ("id" if not isinstance(item.id, str) else
                    "parent" if isinstance(item, Continuation) and not isinstance(item.parent, str) else
-                   "restop" if isinstance(item, Continuation) and item.restop is not None and (
-                       isinstance(item.restop, bool) or not isinstance(item.restop, int)) else None)
+                   "restop" if isinstance(item, Continuation) and item.restop is not None and not is_int(item.restop)
+                   else None)
             if odd:
                 raise UsageError(f"not a kvparity witness file: {path} (bad steps: request "
                                  f"{str(item.id)[:40]!r} has a {type(getattr(item, odd)).__name__} {odd})")
