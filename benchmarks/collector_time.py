@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def one_run(args: argparse.Namespace) -> dict:
-    """One run in this process; `args.one` is `frozen` (as every run is) or `plain` (the freeze skipped)."""
+    """One run in this process; `args.one` is `frozen` (as `kvparity run` runs it) or `plain` (as `run_suite`
+    alone does)."""
     sys.path.insert(0, str(ROOT / "tests"))  # the FAKE engine, if asked for
     from conformance import heap
     from conformance.calls import EngineCalls
@@ -37,8 +38,6 @@ def one_run(args: argparse.Namespace) -> dict:
     from conformance.run_config import RunConfig
     from conformance.runner import run_suite
 
-    if args.one == "plain":
-        heap.frozen = contextlib.nullcontext  # the run as it was before conformance/heap.py, for comparison
     if args.engine == "fake":
         from fake_engine import FakeDictEngine  # the suite's FAKE engine, for measuring the suite itself
 
@@ -60,7 +59,7 @@ def one_run(args: argparse.Namespace) -> dict:
 
     calls = EngineCalls(600.0)
     gc.callbacks.append(timed)
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as out, heap.frozen() if args.one == "frozen" else contextlib.nullcontext():
         wall0, cpu0 = time.perf_counter(), time.process_time()
         outcome = run_suite(engine, RunConfig(engine_name=args.engine, engine_args=parse_engine_args(args.engine_arg),
                                               profile=args.profile, max_examples=args.max_examples,

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
+    from conformance import heap
     from conformance.calls import EngineCalls
     from conformance.engines import load_engine
     from conformance.runner import run_suite
@@ -47,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         started, main_cpu = time.perf_counter(), time.thread_time()
         if profiler:
             profiler.enable()
-        outcome = run_suite(engine, RunConfig(engine_name=args.engine, profile=args.profile, report_dir=out,
-                                              database_dir=out), calls=calls)
+        with heap.frozen():  # as `kvparity run` runs it
+            outcome = run_suite(engine, RunConfig(engine_name=args.engine, profile=args.profile, report_dir=out,
+                                                  database_dir=out), calls=calls)
         if profiler:
             profiler.disable()
         wall, main_cpu = time.perf_counter() - started, time.thread_time() - main_cpu

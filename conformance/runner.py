@@ -25,7 +25,7 @@ from hypothesis.errors import HypothesisWarning
 
 from conformance import alone
 from conformance import known as known_mod
-from conformance import example_database, heap, seeded, step_counts, stopping, validation
+from conformance import example_database, seeded, step_counts, stopping, validation
 from conformance.analysis import analyse, example_verdicts, failures_of
 from conformance.calls import EngineCalls, one_line
 from conformance.checks import CHECKS
@@ -137,8 +137,8 @@ def run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler] 
     Known findings (conformance.known) do not stop the run nor fail it. Several bugs per run: each new
     signature stops Hypothesis and is shrunk on its own (conformance.hunt), then the run looks on, with
     the examples left."""
-    with seeded.seed_only(), heap.frozen():  # the seed alone picks the stream (conformance.seeded); full
-        return _run_suite(engine, config, handlers, calls)  # collections skip what the run found alive
+    with seeded.seed_only():  # the seed alone picks the stream (conformance.seeded)
+        return _run_suite(engine, config, handlers, calls)
 
 
 def _run_suite(engine: Engine, config: RunConfig, handlers: Sequence[RunHandler],

@@ -13,6 +13,7 @@ from conformance import heap
 from conformance.run_config import RunConfig
 from conformance.runner import run_suite
 from fake_engine import FakeDictEngine
+from kvparity.cli import main
 
 
 @pytest.fixture(autouse=True)
@@ -90,22 +91,29 @@ def test_a_disabled_collector_is_left_off_and_unfrozen():
         gc.enable()
 
 
-class _SeesTheHeap(FakeDictEngine):
+class SeesTheHeap(FakeDictEngine):
     """The FAKE engine, noting how many objects were frozen at each of its runs."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.frozen_at_run: list[int] = []
+    frozen_at_run: list[int] = []
 
     def run(self, requests):
-        self.frozen_at_run.append(gc.get_freeze_count())
+        SeesTheHeap.frozen_at_run.append(gc.get_freeze_count())
         return super().run(requests)
 
 
-def test_a_run_freezes_the_heap_it_found_and_unfreezes_it_after(tmp_path):
-    engine = _SeesTheHeap()
-    outcome = run_suite(engine, RunConfig(engine_name="fake", profile="dev", max_examples=2, seed=1,
-                                          report_dir=tmp_path, database_dir=tmp_path / "db"))
-    assert outcome.verdict == "pass" and engine.frozen_at_run
-    assert min(engine.frozen_at_run) > 0  # the engine, its model and the imports: skipped by every collection
+def test_kvparity_run_freezes_the_heap_it_finds_and_unfreezes_it_after(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # Hypothesis' example database out of the repository
+    SeesTheHeap.frozen_at_run.clear()
+    code = main(["run", "--engine", "test_heap:SeesTheHeap", "--report-dir", str(tmp_path), "--seed", "1",
+                 "--max-examples", "2", "--quiet"])
+    assert code == 0 and SeesTheHeap.frozen_at_run
+    assert min(SeesTheHeap.frozen_at_run) > 0  # the engine and the imports: skipped by every collection
     assert gc.get_freeze_count() == 0
+
+
+def test_run_suite_itself_leaves_the_heap_alone(tmp_path):
+    """A process of many short runs (a test session) pays for a freeze more than it gains."""
+    SeesTheHeap.frozen_at_run.clear()
+    outcome = run_suite(SeesTheHeap(), RunConfig(engine_name="fake", profile="dev", max_examples=2, seed=1,
+                                                 report_dir=tmp_path, database_dir=tmp_path / "db"))
+    assert outcome.verdict == "pass" and set(SeesTheHeap.frozen_at_run) == {0}

@@ -110,7 +110,7 @@ def config_from(args: argparse.Namespace, calibration: Any, known: Any) -> Any:
 def work(args: argparse.Namespace, session: Session) -> int:
     import attrs
 
-    from conformance import numerics, status
+    from conformance import heap, numerics, status
     from conformance.known import load as load_known
     from conformance.progress import Progress
     from conformance.engines import resolve
@@ -140,7 +140,8 @@ def work(args: argparse.Namespace, session: Session) -> int:
     minimise = (lambda outcome: minimise_failures(outcome, new_engine, config.timeout_s, config.engine_name,
                                                   said.append)) if args.minimise else None
     report = ReportWriter(calibration, minimise, said.append)
-    outcome = run_suite(engine, config, [report] if args.quiet else [Progress(), report])
+    with heap.frozen():  # what this process holds (imports, the engine): skipped by full collections
+        outcome = run_suite(engine, config, [report] if args.quiet else [Progress(), report])
     # The engine is closed (a failing close is an error event of the history) before the report is
     # written, so the exit code, every report file and `kvparity report` tell one verdict.
     session.hard_exit = outcome.abandoned or outcome.interrupted
