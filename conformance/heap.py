@@ -33,8 +33,8 @@ import contextlib
 import gc
 from typing import Iterator
 
-# How many full collections the process had made when a run last unfroze the heap (empty: no run has).
-_full_collections_at_unfreeze: list[int] = []
+# How many full collections the process had made when a run last unfroze the heap (None: no run has).
+_full_collections_at_unfreeze: int | None = None
 
 
 def _full_collections() -> int:
@@ -44,14 +44,15 @@ def _full_collections() -> int:
 @contextlib.contextmanager
 def frozen() -> Iterator[None]:
     """Freeze the heap for the block (not nested: an inner run finds it frozen and leaves it so)."""
+    global _full_collections_at_unfreeze
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
-    if _full_collections_at_unfreeze and _full_collections_at_unfreeze[0] == _full_collections():
+    if _full_collections_at_unfreeze == _full_collections():
         gc.collect()  # the last run's leftovers, not yet collected: not carried into this run
     gc.freeze()
     try:
         yield
     finally:
         gc.unfreeze()
-        _full_collections_at_unfreeze[:] = [_full_collections()]
+        _full_collections_at_unfreeze = _full_collections()
