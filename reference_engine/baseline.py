@@ -66,7 +66,7 @@ class GreedyRun:
         # (token, margin, runner-up, contenders, top-k logprobs)
         self.steps: list[tuple[int, float, int, tuple, tuple]] = []
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self, i: int) -> tuple[int, float, int, tuple, tuple]:
         """Step i (0-based) of the run; the caller has checked it fits the context."""
         while len(self.steps) <= i:

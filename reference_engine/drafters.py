@@ -66,7 +66,7 @@ class DraftModelDrafter(Drafter):
         self.state[seq.request_id] = (kv, fed)
         return kv, fed
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def propose(self, seq: Sequence, k: int) -> list[int]:
         if k <= 0:
             return []

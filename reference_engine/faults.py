@@ -622,7 +622,7 @@ class TF32HitLogits(Engine):
                 out[i] = [self.tf32_argmax(seq)]
         return out
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def tf32_argmax(self, seq: Sequence) -> int:
         from reference_engine.model import DenseKV
 

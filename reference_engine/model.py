@@ -320,7 +320,8 @@ class Llama(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    @torch.no_grad()
+    @torch.inference_mode()  # not no_grad: a step's many small tensors skip version counters and view
+    # tracking (benchmarks/reference_engine_speed.py: 3-17% less CPU decoding); the arithmetic is the same
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, kv: KVStore,
                 logits_rows: torch.Tensor | None = None) -> torch.Tensor:
         """ids, positions: [T] (any mix of sequences; `kv` knows which token belongs where).
