@@ -15,13 +15,11 @@ the median per mode. One shared machine: read the two modes of one invocation si
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,11 +30,8 @@ def one_run(args: argparse.Namespace) -> dict:
     """One run in this process; `args.one` is `frozen` (as `kvparity run` runs it) or `plain` (as `run_suite`
     alone does)."""
     sys.path.insert(0, str(ROOT / "tests"))  # the FAKE engine, if asked for
-    from conformance import heap
-    from conformance.calls import EngineCalls
     from conformance.engines import load_engine, parse_engine_args
-    from conformance.run_config import RunConfig
-    from conformance.runner import run_suite
+    from timed_run import timed_run  # benchmarks/ is on the path: this script's own folder
 
     if args.engine == "fake":
         from fake_engine import FakeDictEngine  # the suite's FAKE engine, for measuring the suite itself
@@ -57,18 +52,14 @@ def one_run(args: argparse.Namespace) -> dict:
             spent[info["generation"]][0] += 1
             spent[info["generation"]][1] += time.perf_counter() - started[0]
 
-    calls = EngineCalls(600.0)
     gc.callbacks.append(timed)
-    with tempfile.TemporaryDirectory() as out, heap.frozen() if args.one == "frozen" else contextlib.nullcontext():
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        outcome = run_suite(engine, RunConfig(engine_name=args.engine, engine_args=parse_engine_args(args.engine_arg),
-                                              profile=args.profile, max_examples=args.max_examples,
-                                              report_dir=out, database_dir=out), calls=calls)
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    run = timed_run(engine, freeze=args.one == "frozen", engine_name=args.engine,
+                    engine_args=parse_engine_args(args.engine_arg), profile=args.profile,
+                    max_examples=args.max_examples)
     gc.callbacks.remove(timed)
-    return {"mode": args.one, "verdict": str(outcome.verdict), "examples": outcome.examples, "cpu_s": cpu,
-            "outside_engine_s": wall - calls.busy_s, "collections": {g: n for g, (n, _) in spent.items()},
-            "gc_s": {g: s for g, (_, s) in spent.items()}}
+    return {"mode": args.one, "verdict": str(run.outcome.verdict), "examples": run.outcome.examples,
+            "cpu_s": run.cpu_s, "outside_engine_s": run.wall_s - run.engine_s,
+            "collections": {g: n for g, (n, _) in spent.items()}, "gc_s": {g: s for g, (_, s) in spent.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:

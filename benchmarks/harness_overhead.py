@@ -16,12 +16,11 @@ import argparse
 import cProfile
 import pstats
 import sys
-import tempfile
-import time
 
 import torch
 
 from instant_engine import drawing_alone  # benchmarks/ is on the path: this script's own folder
+from timed_run import timed_run
 
 GOAL = 1.05  # issue 32: a harness that keeps up with a GPU engine
 
@@ -35,35 +34,22 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
-    from conformance import heap
-    from conformance.calls import EngineCalls
     from conformance.engines import load_engine
-    from conformance.runner import run_suite
-    from conformance.run_config import RunConfig
 
     engine = load_engine(args.engine)
-    calls = EngineCalls(300.0)
     profiler = cProfile.Profile() if args.cprofile else None
-    with tempfile.TemporaryDirectory() as out:
-        started, main_cpu = time.perf_counter(), time.thread_time()
-        if profiler:
-            profiler.enable()
-        with heap.frozen():  # as `kvparity run` runs it
-            outcome = run_suite(engine, RunConfig(engine_name=args.engine, profile=args.profile, report_dir=out,
-                                                  database_dir=out), calls=calls)
-        if profiler:
-            profiler.disable()
-        wall, main_cpu = time.perf_counter() - started, time.thread_time() - main_cpu
+    run = timed_run(engine, profiler=profiler, engine_name=args.engine, profile=args.profile)
+    outcome, wall, main_cpu, engine_s = run.outcome, run.wall_s, run.thread_cpu_s, run.engine_s
     engine.close()
     print(f"engine {args.engine}, profile {args.profile}: {outcome.verdict.upper()}, {outcome.examples} examples")
-    print(f"wall {wall:.2f} s, inside engine calls {calls.busy_s:.2f} s, harness {wall - calls.busy_s:.2f} s "
+    print(f"wall {wall:.2f} s, inside engine calls {engine_s:.2f} s, harness {wall - engine_s:.2f} s "
           f"(of which the harness's own thread used {main_cpu:.2f} s of CPU; the rest is waiting between calls)")
-    ratio = wall / calls.busy_s
+    ratio = wall / engine_s
     print(f"overhead ratio (wall / engine) {ratio:.3f}: issue 32's goal <= {GOAL}, "
           f"{'met' if ratio <= GOAL else 'not met'}")
     _, _, _, draw_cpu = drawing_alone(outcome.history.capabilities, args.profile)
     print(f"the stream drawn alone (benchmarks/instant_engine.py): {draw_cpu:.2f} s of CPU, so no harness that "
-          f"draws it this way goes below a ratio of {1 + draw_cpu / calls.busy_s:.3f} on this engine")
+          f"draws it this way goes below a ratio of {1 + draw_cpu / engine_s:.3f} on this engine")
     if profiler:
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(args.cprofile)
     return 0

@@ -18,7 +18,6 @@ import argparse
 import cProfile
 import pstats
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,10 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from fake_engine import FakeDictEngine  # the suite's FAKE engine, for measuring the suite itself
 
-    from conformance import heap
-    from conformance.calls import EngineCalls
-    from conformance.runner import run_suite
-    from conformance.run_config import RunConfig
+    from timed_run import timed_run  # benchmarks/ is on the path: this script's own folder
 
     profiler = None
     for n in range(args.repeats):
@@ -52,24 +48,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"repeat {n}, Hypothesis alone: its {choices / drawn:.1f} choices a request as plain integers, "
               f"no strategy code: {drawn / flat_cpu:.0f} per CPU second; one byte-string choice a request: "
               f"{drawn / blob_cpu:.0f}")
-        calls = EngineCalls(300.0)
         profiler = cProfile.Profile() if args.cprofile and n == args.repeats - 1 else None
-        with tempfile.TemporaryDirectory() as out:
-            wall0, cpu0 = time.perf_counter(), time.process_time()
-            if profiler:
-                profiler.enable()
-            with heap.frozen():  # as `kvparity run` runs it
-                outcome = run_suite(FakeDictEngine(), RunConfig(engine_name="fake", profile=args.profile,
-                                                                report_dir=out, database_dir=out), calls=calls)
-            if profiler:
-                profiler.disable()
-            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        run = timed_run(FakeDictEngine(), profiler=profiler, engine_name="fake", profile=args.profile)
+        outcome, wall, cpu = run.outcome, run.wall_s, run.cpu_s
         requests = sum(len(b.requests) for b in outcome.history.batches())
         rate = requests / cpu
         print(f"repeat {n}: {outcome.verdict.upper()}, {outcome.examples} examples, {requests} requests; "
               f"wall {wall:.2f} s, CPU {cpu:.2f} s: {rate:.0f} requests per CPU second "
               f"(goal >= {GOAL:,}: {'met' if rate >= GOAL else 'not met'}); "
-              f"engine {calls.busy_s / wall:.1%} of the wall time")
+              f"engine {run.engine_s / wall:.1%} of the wall time")
     if profiler:
         stats = pstats.Stats(profiler, stream=sys.stdout)
         print(by_package(stats))

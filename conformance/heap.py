@@ -21,10 +21,10 @@ Unfrozen afterwards, so objects alive now that die later are collected as usual.
 waiting when a run starts is frozen with the rest for the run's length and collected after it — except
 the leftovers of a run before it in the same process that no full collection has reached since (runs
 back to back in one process: `kvparity run` called in-process, as kvparity's tests do), which are
-collected first, so that they are not carried from run to run. Not collecting every time is measured
-(while `run_suite` froze the heap): a full collection of a test worker's heap (~580,000 objects) took
-0.35 s, and collecting before each of the test session's 255 runs cost 68 s of CPU. A process whose heap someone else froze (an engine that froze its own after warm-up), or whose
-collector is off, is left as it is.
+collected first, so that they are not carried from run to run. Not every time: a full collection of a
+test worker's heap (~580,000 objects) took 0.35 s, and collecting before each of a test session's 255
+runs cost 68 s of CPU. A process whose heap someone else froze (an engine that froze its own after
+warm-up), or whose collector is off, is left as it is.
 """
 
 from __future__ import annotations
